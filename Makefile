@@ -1,0 +1,40 @@
+# Two commands do all set-up from a fresh clone:  make run  |  make test
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# pip must take the CPU wheel of torch that lies on this machine's disk: pin it exactly, first.
+TORCH := torch==2.13.0
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(BIN)/vatra train examples/digits.toml
+
+test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python bench/trainer_overhead.py
+	$(BIN)/python bench/sharding_variance.py
+
+clean:
+	rm -rf $(VENV) runs bench/results

@@ -1,0 +1,5 @@
+"""``python -m vatra`` runs the command line."""
+
+from vatra.cli import main
+
+main()

@@ -1,0 +1,6 @@
+"""The ``vatra`` command line."""
+
+from vatra.cli import train as _train  # noqa: F401  (registers the train and config commands)
+from vatra.cli.app import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,37 @@
+"""Typed run configuration: sections, TOML loading, overrides."""
+
+from vatra.config._chaos import ChaosConfig
+from vatra.config._load import (
+    Config,
+    apply_overrides,
+    config_from_dict,
+    dump_toml,
+    load_config,
+    parse_override,
+)
+from vatra.config._sections import (
+    DataConfig,
+    DistConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    Section,
+    TrainConfig,
+)
+
+__all__ = [
+    "ChaosConfig",
+    "Config",
+    "DataConfig",
+    "DistConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "Section",
+    "TrainConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "dump_toml",
+    "load_config",
+    "parse_override",
+]

@@ -1,0 +1,25 @@
+"""The ``chaos`` section: faults injected on purpose, so tests and demos show recovery and healing."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from vatra.config._sections import Section
+
+
+class ChaosConfig(Section):
+    # worker death (resilience)
+    kill_rank: int = Field(1, ge=0, description="Rank that kill_at_steps kills (SIGKILL).")
+    kill_at_steps: list[int] = Field(
+        [], description="Steps at which kill_rank dies; each fires once, not again after the resume."
+    )
+    corrupt_checkpoint_at: list[int] = Field([], description="Damage the checkpoint written at these steps.")
+    # training faults (monitoring and healing)
+    inject_nan_at: list[int] = Field([], description="Steps whose loss is made NaN.")
+    grad_spike_at: list[int] = Field([], description="Steps whose gradients get × grad_spike_factor.")
+    grad_spike_factor: float = Field(1000.0, gt=0.0, description="Gradient multiplier at grad_spike_at.")
+    lr_spike_at: list[int] = Field([], description="Steps at which the LR is multiplied by lr_spike_factor.")
+    lr_spike_factor: float = Field(100.0, gt=0.0, description="LR multiplier during an LR spike.")
+    lr_spike_steps: int = Field(10, ge=1, description="How many steps each LR spike lasts.")
+    slow_rank: int | None = Field(None, ge=0, description="Rank that sleeps slow_rank_s every step.")
+    slow_rank_s: float = Field(0.05, ge=0.0, description="Seconds slow_rank sleeps per step.")

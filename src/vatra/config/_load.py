@@ -1,0 +1,107 @@
+"""The root config, TOML loading, ``--set`` overrides and one-line error messages."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import Field, ValidationError
+
+from vatra.config._chaos import ChaosConfig
+from vatra.config._sections import (
+    DataConfig,
+    DistConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    Section,
+    TrainConfig,
+)
+from vatra.errors import ConfigError
+
+
+class Config(Section):
+    """A whole run: one field per TOML section."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    dist: DistConfig = Field(default_factory=DistConfig)
+    chaos: ChaosConfig = Field(default_factory=ChaosConfig)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``section.key=value``; the value is read as a TOML value, else kept as a string."""
+    key, sep, raw = item.partition("=")
+    path = [p.strip() for p in key.strip().split(".")]
+    if not sep or len(path) < 2 or not all(path):
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set train.steps=100")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare words such as digits or cosine
+    return path, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return ``raw`` with each ``section.key=value`` applied (nested dicts are created)."""
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return raw
+
+
+def _format_error(err: ValidationError) -> str:
+    """One line: dotted path, what was wrong, what is allowed."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    if first["type"] == "extra_forbidden":
+        model: type[Section] = Config
+        for part in first["loc"][:-1]:
+            field = model.model_fields.get(str(part))
+            if field is None or not isinstance(field.annotation, type):
+                break
+            model = field.annotation
+        allowed = ", ".join(sorted(model.model_fields))
+        msg = f"{loc}: unknown key; allowed keys here: {allowed}"
+    else:
+        msg = f"{loc or 'config'}: {first['msg']} (got {first.get('input')!r})"
+    more = len(err.errors()) - 1
+    return msg + (f" [+{more} more]" if more else "")
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Load a TOML file (or only defaults when ``path`` is None) and apply overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p} (pass a TOML file such as examples/digits.toml)")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    return config_from_dict(apply_overrides(raw, overrides or []))
+
+
+def dump_toml(cfg: Config) -> str:
+    """The resolved config as TOML (None values are left out: TOML has no null)."""
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))

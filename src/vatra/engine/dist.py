@@ -1,0 +1,96 @@
+"""Process-group set-up and the facts about this process's place in the job."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from vatra.config import DistConfig
+
+
+def pick_backend(requested: str) -> str:
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        from vatra.errors import ConfigError
+
+        raise ConfigError("dist.backend: 'nccl' needs CUDA and none is present; use 'gloo' or 'auto'")
+    return requested
+
+
+@dataclass
+class DistContext:
+    """Rank, world size and device of this process; ``world_size == 1`` needs no process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, cfg: DistConfig) -> DistContext:
+        """Join the job described by torchrun-style env vars (RANK, WORLD_SIZE, ...), if any."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if world_size == 1:
+            return cls(device=_device(local_rank))
+        return cls.init(cfg, rank=int(os.environ["RANK"]), world_size=world_size, init_method="env://")
+
+    @classmethod
+    def init(cls, cfg: DistConfig, *, rank: int, world_size: int, init_method: str) -> DistContext:
+        """Create the default process group (env:// or file:// rendezvous)."""
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        backend = pick_backend(cfg.backend)
+        device = _device(local_rank) if backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend,
+                init_method=init_method,
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=cfg.timeout_s),
+            )
+        return cls(rank, world_size, local_rank, local_world, device, backend)
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def broadcast_object(self, obj: object, src: int = 0) -> object:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")

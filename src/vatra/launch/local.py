@@ -1,0 +1,109 @@
+"""Start worker processes through torch.distributed's elastic agent (the engine behind torchrun)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from vatra.errors import ConfigError, VatraError
+
+
+class WorkerFailure(VatraError):
+    """One or more workers exited non-zero; exit code 2 when a worker reported a config error."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (bind to 0); the small race is acceptable for local runs."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``"2"`` → (2, 2); ``"1:4"`` → (1, 4)."""
+    try:
+        lo, _, hi = text.partition(":")
+        nmin, nmax = int(lo), int(hi or lo)
+    except ValueError:
+        raise ConfigError(
+            f"--nnodes {text!r}: expected N or MIN:MAX, e.g. --nnodes 2 or --nnodes 1:4"
+        ) from None
+    if not 1 <= nmin <= nmax:
+        raise ConfigError(f"--nnodes {text!r}: need 1 ≤ MIN ≤ MAX")
+    return nmin, nmax
+
+
+@dataclass
+class LaunchSpec:
+    """What torchrun's flags say: processes per node, nodes, rendezvous and restarts."""
+
+    nproc: int = 1
+    nnodes: str = "1"
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "vatra"
+    rdzv_backend: str = "c10d"
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    node_rank: int | None = None
+    local_addr: str | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.5
+
+    def launch_config(self) -> LaunchConfig:
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc {self.nproc}: must be ≥ 1")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts}: must be ≥ 0")
+        nmin, nmax = parse_nnodes(self.nnodes)
+        multi = nmax > 1
+        if multi and not self.rdzv_endpoint:
+            raise ConfigError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+        conf: dict[str, object] = dict(self.rdzv_conf)
+        if self.node_rank is not None:
+            conf.setdefault("rank", self.node_rank)
+            # c10d decides who hosts the store by matching the endpoint to the hostname, which fails in
+            # network namespaces (every namespace resolves its hostname to 127.0.0.1): node 0 hosts.
+            conf.setdefault("is_host", self.node_rank == 0)
+        if "is_host" in conf:
+            conf["is_host"] = str(conf["is_host"]).lower() in ("1", "true", "yes")
+        return LaunchConfig(
+            min_nodes=nmin,
+            max_nodes=nmax,
+            nproc_per_node=self.nproc,
+            run_id=self.rdzv_id,
+            rdzv_backend=self.rdzv_backend,
+            rdzv_endpoint=self.rdzv_endpoint or f"127.0.0.1:{free_port()}",
+            rdzv_configs=conf,
+            max_restarts=self.max_restarts,
+            monitor_interval=self.monitor_interval,
+            local_addr=self.local_addr,
+            start_method="spawn",
+        )
+
+
+def launch_workers(spec: LaunchSpec, worker_args: list[str]) -> None:
+    """Run ``python -m vatra.worker *worker_args`` on every local rank; raise on failure.
+
+    Workers inherit this process's stdout/stderr, so rank 0's progress bar sees the terminal.
+    """
+    config = spec.launch_config()
+    if spec.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # Like torchrun: N processes each using every core would oversubscribe the CPU.
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc))
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    try:
+        elastic_launch(config, sys.executable)("-u", "-m", "vatra.worker", *worker_args)
+    except ChildFailedError as err:
+        codes = {rank: failure.exitcode for rank, failure in err.failures.items()}
+        exit_code = 2 if 2 in codes.values() else 1
+        detail = ", ".join(f"rank {r} exit code {c}" for r, c in sorted(codes.items()))
+        raise WorkerFailure(f"worker(s) failed: {detail}", exit_code) from None

@@ -1,0 +1,60 @@
+"""Rank 0's metric sinks: metrics.jsonl and summary.json, and TensorBoard scalars."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vatra.engine import Plugin
+from vatra.rundir import RunDir, append_jsonl
+
+if TYPE_CHECKING:
+    from vatra.engine import Trainer
+
+
+class JsonlWriter(Plugin):
+    """One JSON object per step in metrics.jsonl; summary.json at the end. Rank 0 only."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if trainer.dist.is_main:
+            append_jsonl(self.run_dir.metrics, metrics)
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        if trainer.dist.is_main:
+            self.run_dir.write_summary(summary)
+
+
+class TensorBoardWriter(Plugin):
+    """Scalars under <run>/tb: every numeric metric of every step. Rank 0 only."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+        self.writer: Any = None
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if trainer.dist.is_main:
+            from torch.utils.tensorboard import SummaryWriter  # heavy import; only where used
+
+            self.writer = SummaryWriter(log_dir=str(self.run_dir.tb), flush_secs=10)
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        step = metrics["step"]
+        for key, value in metrics.items():
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                group = "val" if key.startswith("val_") else "train"
+                self.writer.add_scalar(f"{group}/{key}", value, step)
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        self._close()
+
+    def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        self._close()

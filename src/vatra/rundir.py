@@ -1,0 +1,71 @@
+"""The run folder: resolved config, metrics, events, summary and TensorBoard files."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def new_run_id(name: str) -> str:
+    """``<name>-<UTC timestamp>-<pid>``: sortable and unique on one machine."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line and flush it, so a crash keeps every line written before it."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=float) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside ``runs/<run-id>/`` and the small writers every rank may use."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.toml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def tb(self) -> Path:
+        return self.path / "tb"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def create(self) -> RunDir:
+        self.path.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def log_event(self, kind: str, **fields: Any) -> None:
+        """One line in events.jsonl; safe from several ranks (small O_APPEND writes)."""
+        append_jsonl(self.events, {"time": time.time(), "event": kind, **fields})
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        tmp = self.summary.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        tmp.replace(self.summary)  # atomic: a reader never sees half a summary

@@ -1,0 +1,68 @@
+"""One process per rank: ``torchrun -m vatra.worker CONFIG [--set k=v] [--run-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from vatra.config import Config, dump_toml, load_config
+from vatra.engine import DistContext, Plugin, Trainer
+from vatra.errors import VatraError
+from vatra.monitor import JsonlWriter, ProgressDisplay, TensorBoardWriter
+from vatra.rundir import RunDir, new_run_id
+
+
+def build_plugins(cfg: Config, run_dir: RunDir) -> list[Plugin]:
+    """The plugins a config asks for, in dispatch order; run-folder writers come last."""
+    plugins: list[Plugin] = [ProgressDisplay(cfg.run.progress, cfg.run.log_every)]
+    if cfg.run.tensorboard:
+        plugins.append(TensorBoardWriter(run_dir))
+    plugins.append(JsonlWriter(run_dir))
+    return plugins
+
+
+def resolve_run_dir(cfg: Config, ctx: DistContext, given: str | None) -> RunDir:
+    """``given``, or a new ``runs/<name>-<timestamp>`` chosen by rank 0 and shared with all ranks."""
+    path = given or str(Path(cfg.run.out_dir) / new_run_id(cfg.run.name))
+    path = str(ctx.broadcast_object(path))
+    run_dir = RunDir(Path(path))
+    if ctx.is_main:
+        run_dir.create()
+        run_dir.config.write_text(dump_toml(cfg))
+    ctx.barrier()
+    return run_dir
+
+
+def run(cfg: Config, run_dir_arg: str | None) -> dict[str, object]:
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    ctx = DistContext.from_env(cfg.dist)
+    try:
+        run_dir = resolve_run_dir(cfg, ctx, run_dir_arg)
+        trainer = Trainer.from_config(cfg, dist=ctx, plugins=build_plugins(cfg, run_dir), run_dir=run_dir)
+        return trainer.fit()
+    finally:
+        ctx.destroy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vatra.worker", description=__doc__)
+    parser.add_argument("config")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--run-dir", default=None)
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        run(cfg, args.run_dir)
+    except VatraError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

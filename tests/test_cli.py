@@ -1,0 +1,90 @@
+"""The ``vatra`` command end to end: training on 2 processes, torchrun, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.conftest import ROOT, run_vatra
+
+from vatra.launch import free_port
+
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "samples_per_s", "step_time_s", "data_time_s"}
+
+
+def check_run_folder(run: Path, steps: int, world_size: int) -> list[dict]:
+    assert (run / "config.toml").is_file()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, steps + 1))
+    assert all(m.keys() >= METRIC_KEYS for m in lines)
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("steps", "final_loss", "val_accuracy", "samples_per_s", "wall_s", "world_size"):
+        assert key in summary
+    assert summary["steps"] == steps
+    assert summary["world_size"] == world_size
+    return lines
+
+
+def test_train_two_processes_end_to_end(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = run_vatra(
+        "train", "examples/digits.toml", "--nproc", "2", "--set", "train.steps=60", "--run-dir", str(run)
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = check_run_folder(run, 60, 2)
+    first = sum(m["loss"] for m in lines[:10]) / 10
+    last = sum(m["loss"] for m in lines[-10:]) / 10
+    assert last < 0.5 * first
+    assert any("val_accuracy" in m for m in lines)  # eval steps carry validation metrics
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert "done: 60 steps" in proc.stdout
+
+
+def test_worker_runs_under_plain_torchrun(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "-m", "vatra.worker", "examples/digits.toml",
+        "--set", "train.steps=12", "--set", "run.tensorboard=false", "--run-dir", str(run),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    check_run_folder(run, 12, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "missing.toml"], "error: config file not found: missing.toml"),
+        (["train", "examples/digits.toml", "--set", "data.name=imagenet"], "error: data.name:"),
+        (["train", "examples/digits.toml", "--set", "model.name=resnet"], "error: model.name:"),
+        (["train", "examples/digits.toml", "--set", "data.sharding=zigzag"], "error: data.sharding:"),
+        (["train", "examples/digits.toml", "--nproc", "0"], "error: --nproc 0: must be ≥ 1"),
+        (["train", "examples/digits.toml", "--set", "train.steps=many"], "error: train.steps:"),
+        (["train", "examples/digits.toml", "--nnodes", "2"], "error: --nnodes > 1 needs --rdzv-endpoint"),
+        (["config", "show", "examples/digits.toml", "--set", "optim.lr=fast"], "error: optim.lr:"),
+        (["train", "examples/digits.toml", "--no-such-flag"], "error: No such option"),
+    ],
+)
+def test_usage_errors_are_one_line(args: list[str], expected: str, tmp_path: Path) -> None:
+    proc = run_vatra(*args, "--set", f"run.out_dir={tmp_path}") if args[0] == "train" else run_vatra(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(expected)
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing written for a run that never started
+
+
+def test_version_help_and_config_show() -> None:
+    version = run_vatra("--version")
+    assert version.returncode == 0 and version.stdout.startswith("vatra ")
+    help_text = run_vatra("--help").stdout
+    assert "train" in help_text and "config" in help_text
+    shown = run_vatra("config", "show", "examples/digits.toml", "--set", "train.steps=7")
+    assert shown.returncode == 0
+    assert "steps = 7" in shown.stdout and "[optim]" in shown.stdout
