@@ -17,8 +17,14 @@ from vatra.rundir import RunDir, new_run_id
 
 
 def build_plugins(cfg: Config, run_dir: RunDir) -> list[Plugin]:
-    """The plugins a config asks for, in dispatch order; run-folder writers come last."""
-    plugins: list[Plugin] = [ProgressDisplay(cfg.run.progress, cfg.run.log_every)]
+    """The plugins a config asks for, in dispatch order.
+
+    Order matters: fault injection first (everything after it sees the fault), then
+    communication, monitoring and healing, checkpointing; display and run-folder writers last
+    so they record what the others added to the step's metrics.
+    """
+    plugins: list[Plugin] = []
+    plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))
     if cfg.run.tensorboard:
         plugins.append(TensorBoardWriter(run_dir))
     plugins.append(JsonlWriter(run_dir))
