@@ -50,7 +50,11 @@ def run(cfg: Config, run_dir_arg: str | None) -> dict[str, object]:
     try:
         run_dir = resolve_run_dir(cfg, ctx, run_dir_arg)
         trainer = Trainer.from_config(cfg, dist=ctx, plugins=build_plugins(cfg, run_dir), run_dir=run_dir)
-        return trainer.fit()
+        summary = trainer.fit()
+        # Leave together: a rank tearing down gloo while a peer is still finishing its last
+        # collective can abort the process ("terminate called without an active exception").
+        ctx.barrier()
+        return summary
     finally:
         ctx.destroy()
 
