@@ -1,6 +1,7 @@
 """Typed run configuration: sections, TOML loading, overrides."""
 
 from vatra.config._chaos import ChaosConfig
+from vatra.config._federated import FederatedConfig, PartitionConfig
 from vatra.config._load import (
     Config,
     apply_overrides,
@@ -24,8 +25,10 @@ __all__ = [
     "Config",
     "DataConfig",
     "DistConfig",
+    "FederatedConfig",
     "ModelConfig",
     "OptimConfig",
+    "PartitionConfig",
     "RunConfig",
     "Section",
     "TrainConfig",

@@ -10,6 +10,7 @@ import tomli_w
 from pydantic import Field, ValidationError
 
 from vatra.config._chaos import ChaosConfig
+from vatra.config._federated import FederatedConfig
 from vatra.config._sections import (
     DataConfig,
     DistConfig,
@@ -32,6 +33,7 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     dist: DistConfig = Field(default_factory=DistConfig)
     chaos: ChaosConfig = Field(default_factory=ChaosConfig)
+    federated: FederatedConfig = Field(default_factory=FederatedConfig)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

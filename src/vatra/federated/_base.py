@@ -1,0 +1,167 @@
+"""The pluggable families of federated learning: ``Strategy``, ``Selector`` and ``UploadHook``.
+
+One round, driven by :class:`vatra.federated.server.FederatedServer`::
+
+    available = executor.available()                    # clients that can train now
+    selected  = selector.select(round, available, k)
+    ins       = strategy.configure_round(round, selected)   # {client_id: FitIns}
+    results, failures = executor.fit(round, ins)        # clients train; hook.encode runs on each client
+    selector.observe(round, results, failures)
+    merged    = hook.combine(round, results)            # e.g. secure aggregation: the sum only
+    strategy.aggregate(round, merged, failures)         # None keeps the previous model
+    metrics   = strategy.evaluate(round, evaluator)
+
+Updates travel as flat float32 vectors (``FitRes.update``: the client's weights after training
+minus the weights it was sent, in the order of :class:`vatra.federated.params.ParamLayout`).
+Linear strategies (fedavg, fedprox, fedadam, fedyogi, and clustered per cluster) only need the
+sample-weighted mean of the updates, so a secure-aggregation layer may replace the result list with
+one ``FitRes`` per group (per cluster for clustered) whose ``update`` is the weighted mean and whose
+``num_samples`` is the total weight: :func:`weighted_mean` gives the same answer either way.
+
+Everything is called from one thread of the server process; implementations need no locking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from vatra.config import FederatedConfig
+    from vatra.federated.evaluate import Evaluator
+    from vatra.federated.params import ParamLayout
+
+
+@dataclass
+class FitIns:
+    """What the server sends one client for one round."""
+
+    client_id: int
+    round: int
+    models: list[np.ndarray]  # flat float32 vectors; more than one = the client picks (clustered)
+    config: dict[str, Any] = field(default_factory=dict)  # local_steps, mu, personal_layers, ...
+
+
+@dataclass
+class FitRes:
+    """What one client returns: its update and the facts selectors and strategies use."""
+
+    client_id: int
+    round: int
+    num_samples: int  # aggregation weight
+    update: np.ndarray  # flat float32: trained weights − sent weights
+    metrics: dict[str, Any] = field(default_factory=dict)  # loss_before, loss_after, duration_s, model, ...
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A selected client that returned nothing usable this round, and why."""
+
+    client_id: int
+    reason: str
+
+
+def weighted_mean(results: Sequence[FitRes]) -> np.ndarray:
+    """Sample-weighted mean of the updates, accumulated in float64 (order-independent to ~1e-16)."""
+    if not results:
+        raise ValueError("weighted_mean needs at least one result")
+    total = float(sum(r.num_samples for r in results))
+    acc = np.zeros(results[0].update.shape, dtype=np.float64)
+    for r in results:
+        acc += (r.num_samples / total) * r.update.astype(np.float64)
+    return acc
+
+
+class Strategy:
+    """Base of the aggregation strategies; holds the server's model state.
+
+    Call order: ``initialize`` once (fresh start) or ``load_state`` (resume); then per round
+    ``configure_round`` → ``aggregate`` → ``evaluate``; ``state`` after each round for the
+    checkpoint. ``aggregate`` returns the new global vector (or None when nothing changed).
+    """
+
+    name = "base"
+
+    def __init__(self, cfg: FederatedConfig, layout: ParamLayout) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.weights: np.ndarray = np.zeros(layout.size, dtype=np.float32)  # the global model
+
+    def initialize(self, weights: np.ndarray, seed: int) -> None:
+        self.weights = weights.astype(np.float32, copy=True)
+
+    def fit_config(self) -> dict[str, Any]:
+        return {"local_steps": self.cfg.local_steps, "mu": 0.0}
+
+    def configure_round(self, rnd: int, selected: Sequence[int]) -> dict[int, FitIns]:
+        return {c: FitIns(c, rnd, [self.weights], self.fit_config()) for c in selected}
+
+    def aggregate(
+        self, rnd: int, results: Sequence[FitRes], failures: Sequence[Failure]
+    ) -> np.ndarray | None:
+        raise NotImplementedError
+
+    def evaluate(self, rnd: int, evaluator: Evaluator) -> dict[str, Any]:
+        """Global accuracy of ``weights`` and every client's accuracy on its own distribution."""
+        acc, _ = evaluator.client_scores([self.weights])
+        return evaluator.summarize(acc[:, 0], acc[:, 0])
+
+    def update_size(self) -> int:
+        """Length of the update vector clients must return (checked before aggregation)."""
+        return self.layout.size
+
+    # --------------------------------------------------------------- checkpoint
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(JSON-able facts, named arrays) that restore this strategy exactly."""
+        return {}, {"weights": self.weights}
+
+    def load_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        self.weights = arrays["weights"]
+
+
+class Selector:
+    """Base of client selection: ``select`` before a round, ``observe`` after it.
+
+    Deterministic for a seed: randomness comes from ``numpy.random.default_rng([seed, round])``.
+    """
+
+    name = "base"
+
+    def __init__(self, cfg: FederatedConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.seed = seed
+
+    def select(self, rnd: int, available: Sequence[int], k: int) -> list[int]:
+        raise NotImplementedError
+
+    def observe(self, rnd: int, results: Sequence[FitRes], failures: Sequence[Failure]) -> None:
+        """Feedback from the round just finished (losses, durations, drop-outs)."""
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        del state
+
+
+class UploadHook:
+    """The upload path between a client's update and the strategy (identity by default).
+
+    ``encode`` runs on the client before upload (compression, clipping and noise, masking);
+    ``decode`` runs on the server per arriving result; ``combine`` runs once per round before
+    ``Strategy.aggregate`` and may replace the list (secure aggregation: the weighted mean only).
+    """
+
+    name = "none"
+
+    def encode(self, res: FitRes, ins: FitIns) -> FitRes:
+        return res
+
+    def decode(self, res: FitRes) -> FitRes:
+        return res
+
+    def combine(self, rnd: int, results: list[FitRes]) -> list[FitRes]:
+        return results

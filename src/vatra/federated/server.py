@@ -1,0 +1,202 @@
+"""The round loop shared by simulation and deployment: select, configure, fit, aggregate, evaluate, log.
+
+Only *how clients train* differs between the two (a :class:`ClientExecutor`: a process pool, or
+gRPC clients). The server checkpoints its whole state after every round and a new server on the
+same run folder resumes at the next round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from vatra.config import Config
+from vatra.federated import build_selector, build_strategy
+from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
+from vatra.federated.client import initial_weights
+from vatra.federated.data import Federation
+from vatra.federated.evaluate import Evaluator
+from vatra.federated.wire import WireError, decode, encode
+from vatra.rundir import RunDir, append_jsonl, read_jsonl
+
+CHECKPOINT = "server.safetensors"
+
+
+class ClientExecutor(Protocol):
+    """Runs one round's client training somewhere."""
+
+    def available(self) -> list[int]:
+        """Clients that can be selected now (may wait for enough of them)."""
+        ...
+
+    def fit(
+        self, rnd: int, ins: dict[int, FitIns], expected: int
+    ) -> tuple[list[FitRes], list[Failure], int, int]:
+        """(accepted results, failures, bytes down, bytes up); results must have ``expected`` floats."""
+        ...
+
+
+def weights_digest(weights: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float32).tobytes()).hexdigest()
+
+
+class FederatedServer:
+    def __init__(
+        self,
+        cfg: Config,
+        fed: Federation,
+        run_dir: RunDir,
+        executor: ClientExecutor,
+        *,
+        hook: UploadHook | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.fcfg = cfg.federated
+        self.run_dir = run_dir
+        self.executor = executor
+        self.hook = hook or UploadHook()
+        self.progress = progress
+        model, layout, init = initial_weights(cfg, fed)
+        self.evaluator = Evaluator(fed, model)
+        self.strategy = build_strategy(self.fcfg, layout)
+        self.selector = build_selector(self.fcfg, cfg.run.seed)
+        self.round = 0  # rounds completed
+        if not self._resume():
+            self.strategy.initialize(init, cfg.run.seed)
+
+    # ------------------------------------------------------------ checkpoint
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir.checkpoints / CHECKPOINT
+
+    def _save(self, metrics: dict[str, Any]) -> None:
+        meta, arrays = self.strategy.state()
+        blob = encode(
+            {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics},
+            {f"strategy.{k}": v for k, v in arrays.items()},
+        )
+        self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint_path.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.checkpoint_path)  # atomic: a crash leaves the previous round's checkpoint
+
+    def _resume(self) -> bool:
+        if not self.checkpoint_path.exists():
+            return False
+        try:
+            meta, tensors = decode(self.checkpoint_path.read_bytes())
+        except WireError as err:
+            raise WireError(f"{self.checkpoint_path}: {err}") from None
+        arrays = {k.removeprefix("strategy."): v for k, v in tensors.items()}
+        self.strategy.load_state(meta["strategy"], arrays)
+        self.selector.load_state(meta["selector"])
+        self.round = int(meta["round"])
+        logged = {m.get("round") for m in read_jsonl(self.run_dir.metrics)}
+        if self.round not in logged:  # crashed between checkpoint and metrics line
+            append_jsonl(self.run_dir.metrics, meta["metrics"])
+        self.run_dir.log_event("resumed", round=self.round + 1)
+        self._say(f"vatra: resuming at round {self.round + 1}/{self.fcfg.rounds} from {self.checkpoint_path}")
+        return True
+
+    # ----------------------------------------------------------------- loop
+    def _say(self, line: str) -> None:
+        if self.progress:
+            print(line, file=sys.stdout, flush=True)
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        available = self.executor.available()
+        k = self.fcfg.clients_per_round or len(available)
+        selected = self.selector.select(rnd, available, k)
+        ins = self.strategy.configure_round(rnd, selected)
+        results, failures, down, up = self.executor.fit(rnd, ins, self.strategy.update_size())
+        results.sort(key=lambda r: r.client_id)  # aggregation order fixed: same sums everywhere
+        for f in failures:
+            self.run_dir.log_event("client_failed", round=rnd, client=f.client_id, reason=f.reason)
+        self.selector.observe(rnd, results, failures)
+        merged = self.hook.combine(rnd, results)
+        if len(results) >= self.fcfg.min_clients:
+            self.strategy.aggregate(rnd, merged, failures)
+        else:
+            self.run_dir.log_event(
+                "round_skipped", round=rnd, results=len(results), min_clients=self.fcfg.min_clients
+            )
+        metrics: dict[str, Any] = {"round": rnd, **self.strategy.evaluate(rnd, self.evaluator)}
+        durations = [float(r.metrics.get("duration_s", 0.0)) for r in results]
+        metrics.update(
+            bytes_up=up,
+            bytes_down=down,
+            round_time_s=time.perf_counter() - t0,
+            selected=selected,
+            failures=len(failures),
+            client_time_s=max(durations, default=0.0),  # the slowest client: a synchronous round's floor
+            train_loss=float(np.mean([r.metrics.get("train_loss", np.nan) for r in results]))
+            if results
+            else None,
+        )
+        return metrics
+
+    def run(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        total = self.fcfg.rounds
+        if self.round == 0:
+            self._say(
+                f"vatra: federated {self.fcfg.strategy} on {self.fcfg.clients} clients, {total} rounds, "
+                f"selection {self.fcfg.selection}"
+            )
+        while self.round < total:
+            rnd = self.round + 1
+            metrics = self.run_round(rnd)
+            self.round = rnd
+            self._save(metrics)
+            append_jsonl(self.run_dir.metrics, metrics)
+            self._say(
+                f"round {rnd}/{total} global_acc {metrics['global_accuracy']:.4f} "
+                f"worst {metrics['worst_client_accuracy']:.4f} selected {len(metrics['selected'])} "
+                f"failed {metrics['failures']} {metrics['round_time_s']:.2f} s"
+            )
+        summary = self.summary(time.perf_counter() - start)
+        self.run_dir.write_summary(summary)
+        self._say(
+            f"done: {summary['rounds']} rounds, global accuracy {summary['global_accuracy']:.4f}, "
+            f"worst client {summary['worst_client_accuracy']:.4f}, "
+            f"rounds to {self.fcfg.target_accuracy:.0%}: {summary['rounds_to_target']}"
+        )
+        return summary
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        """Final figures, read back from metrics.jsonl so a resumed run counts every round once."""
+        rows = {m["round"]: m for m in read_jsonl(self.run_dir.metrics)}
+        ordered = [rows[r] for r in sorted(rows)]
+        last = ordered[-1]
+        target = self.fcfg.target_accuracy
+        reached = [m["round"] for m in ordered if m["global_accuracy"] >= target]
+        return {
+            "strategy": self.fcfg.strategy,
+            "selection": self.fcfg.selection,
+            "clients": self.fcfg.clients,
+            "rounds": last["round"],
+            "global_accuracy": last["global_accuracy"],
+            "mean_client_accuracy": last["mean_client_accuracy"],
+            "worst_client_accuracy": last["worst_client_accuracy"],
+            "best_global_accuracy": max(m["global_accuracy"] for m in ordered),
+            "target_accuracy": target,
+            "rounds_to_target": reached[0] if reached else None,
+            "bytes_up": sum(m["bytes_up"] for m in ordered),
+            "bytes_down": sum(m["bytes_down"] for m in ordered),
+            "failures": sum(m["failures"] for m in ordered),
+            "round_time_s": sum(m["round_time_s"] for m in ordered),
+            "client_time_s": sum(m["client_time_s"] for m in ordered),
+            "wall_s": wall_s,
+            "weights_sha256": weights_digest(self.strategy.weights),
+        }

@@ -1,0 +1,116 @@
+"""``vatra federate``: N clients on one machine, trained by a pool of processes.
+
+Determinism: a client's result depends only on (config, round, client id, the weights it was
+sent), never on which worker ran it, and results are aggregated in client-id order; each worker
+runs torch on one thread, so a seed gives the same run for any ``federated.workers``.
+Messages to and from workers are the same safetensors blobs a deployment sends, so the byte
+counts are the wire's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from vatra.config import Config, config_from_dict, dump_toml
+from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
+from vatra.federated.client import LocalClient
+from vatra.federated.data import Federation, build_federation
+from vatra.federated.server import FederatedServer
+from vatra.federated.wire import WireError, check_update, decode_res, encode_ins, encode_res
+from vatra.rundir import RunDir
+
+_CLIENT: LocalClient | None = None  # one per worker process
+
+
+def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook) -> None:
+    global _CLIENT
+    torch.set_num_threads(1)
+    cfg = config_from_dict(raw_cfg)
+    _CLIENT = LocalClient(cfg, build_federation(cfg), hook)
+
+
+def _run_task(blob: bytes, personal: np.ndarray | None) -> tuple[bytes, np.ndarray | None]:
+    from vatra.federated.wire import decode_ins
+
+    assert _CLIENT is not None, "worker not initialised"
+    res, personal = _CLIENT.fit(decode_ins(blob), personal)
+    return encode_res(res), personal
+
+
+class SimulationExecutor:
+    """Every client is always available; a round's clients run in ``workers`` processes."""
+
+    def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
+        self.cfg = cfg
+        self.fed = fed
+        self.hook = hook or UploadHook()
+        self.personal: dict[int, np.ndarray] = {}
+        self.workers = cfg.federated.workers
+        self.pool: ProcessPoolExecutor | None = None
+        if self.workers > 1:
+            raw = cfg.model_dump(mode="json")
+            self.pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(raw, self.hook),
+            )
+        else:
+            _init_worker(cfg.model_dump(mode="json"), self.hook)
+
+    def available(self) -> list[int]:
+        return list(range(self.fed.num_clients))
+
+    def fit(
+        self, rnd: int, ins: dict[int, FitIns], expected: int
+    ) -> tuple[list[FitRes], list[Failure], int, int]:
+        order = sorted(ins)
+        blobs = [encode_ins(ins[c]) for c in order]
+        personal = [self.personal.get(c) for c in order]
+        if self.pool is not None:
+            outs = list(
+                self.pool.map(_run_task, blobs, personal, chunksize=max(1, len(order) // (4 * self.workers)))
+            )
+        else:
+            outs = [_run_task(b, p) for b, p in zip(blobs, personal, strict=True)]
+        results: list[FitRes] = []
+        failures: list[Failure] = []
+        for c, (blob, head) in zip(order, outs, strict=True):
+            if head is not None:
+                self.personal[c] = head
+            try:
+                res = self.hook.decode(decode_res(blob))
+            except WireError as err:
+                failures.append(Failure(c, str(err)))
+                continue
+            reason = check_update(res, expected)
+            if reason:
+                failures.append(Failure(c, reason))
+            else:
+                results.append(res)
+        return results, failures, sum(map(len, blobs)), sum(len(b) for b, _ in outs)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+
+
+def simulate(
+    cfg: Config, run_dir: RunDir, *, hook: UploadHook | None = None, progress: bool = True
+) -> dict[str, Any]:
+    """Run ``federated.rounds`` rounds in this process tree; writes and returns the summary."""
+    torch.set_num_threads(1)
+    run_dir.create()
+    run_dir.config.write_text(dump_toml(cfg))
+    fed = build_federation(cfg)
+    executor = SimulationExecutor(cfg, fed, hook)
+    try:
+        return FederatedServer(cfg, fed, run_dir, executor, hook=hook, progress=progress).run()
+    finally:
+        executor.close()

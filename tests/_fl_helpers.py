@@ -1,0 +1,52 @@
+"""Helpers for the federated deployment tests: certificates, servers and clients in threads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vatra.config import Config
+from vatra.federated.transport import run_client, serve
+from vatra.launch import free_port
+from vatra.rundir import RunDir
+
+
+class Background(threading.Thread):
+    """Runs ``fn`` in a daemon thread and keeps its result or exception for ``join_result``."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # handed to the test thread
+            self.error = exc
+
+    def join_result(self, timeout: float) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), f"still running after {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def start_server(cfg: Config, certs: Path, run_dir: Path) -> tuple[Background, str]:
+    """A real gRPC server with TLS on a free loopback port, in a thread; returns once it listens."""
+    address = f"127.0.0.1:{free_port()}"
+    bound = threading.Event()
+    thread = Background(
+        lambda: serve(cfg, address, certs, RunDir(run_dir), progress=False, on_bound=lambda _: bound.set())
+    )
+    assert bound.wait(60) or thread.error is None, thread.error
+    return thread, address
+
+
+def start_client(cfg: Config, address: str, cid: int, certs: Path, **kw: Any) -> Background:
+    return Background(lambda: run_client(cfg, address, cid, certs, progress=False, **kw))
