@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from vatra.comm.plugin import CommPlugin
 from vatra.config import Config, dump_toml, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import VatraError
@@ -24,6 +25,7 @@ def build_plugins(cfg: Config, run_dir: RunDir) -> list[Plugin]:
     so they record what the others added to the step's metrics.
     """
     plugins: list[Plugin] = []
+    plugins.append(CommPlugin(cfg.comm))
     plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))
     if cfg.run.tensorboard:
         plugins.append(TensorBoardWriter(run_dir))

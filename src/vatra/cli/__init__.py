@@ -1,5 +1,6 @@
 """The ``vatra`` command line."""
 
+from vatra.cli import cluster as _cluster  # noqa: F401  (registers cluster up/run/down)
 from vatra.cli import federated as _federated  # noqa: F401  (registers federate and fl)
 from vatra.cli import train as _train  # noqa: F401  (registers the train and config commands)
 from vatra.cli.app import app, main

@@ -1,6 +1,7 @@
 """Typed run configuration: sections, TOML loading, overrides."""
 
 from vatra.config._chaos import ChaosConfig
+from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
 from vatra.config._load import (
     Config,
@@ -22,6 +23,7 @@ from vatra.config._sections import (
 
 __all__ = [
     "ChaosConfig",
+    "CommConfig",
     "Config",
     "DataConfig",
     "DistConfig",

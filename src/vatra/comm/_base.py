@@ -1,0 +1,93 @@
+"""The ``Compressor`` base class and the registry that maps ``comm.method`` names to compressors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
+
+import torch
+
+from vatra.config._comm import CommConfig
+from vatra.errors import ConfigError
+
+Payload = list[torch.Tensor]  # what goes on the wire for one tensor; sizes depend only on its shape
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a receiver needs besides the payload to rebuild a tensor: its shape and dtype."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+
+class Compressor:
+    """Turns one gradient tensor into a payload and back (the GRACE split: compressor ≠ memory).
+
+    Call order for one tensor in one step, on every rank: ``Memory.compensate`` → :meth:`compress`
+    → the payload travels (all-reduce when :attr:`summable`, else all-gather) → :meth:`decompress`
+    of each rank's payload → sum → ``Memory.update`` with the local decompressed tensor.
+
+    Contract: the number, sizes and dtypes of the payload tensors depend only on the input's shape
+    and dtype, so a receiver can cut a fused byte buffer into another rank's payload using its own.
+    Compressors hold no per-tensor state (error feedback lives in ``Memory``); ``compress`` may use
+    the global torch RNG. Not thread-safe: one compressor per DDP hook.
+    """
+
+    name: ClassVar[str]
+    summable: ClassVar[bool] = False  # payloads of different ranks may be added element-wise
+    lossless: ClassVar[bool] = False  # decompress(compress(x)) == x: error feedback has nothing to carry
+    # Error feedback needs a contractive compressor (‖x − C(x)‖ < ‖x‖). An unbiased quantiser with
+    # high variance is not one, and its residual grows without bound: no memory for those.
+    error_feedback: ClassVar[bool] = True
+
+    @classmethod
+    def from_config(cls, cfg: CommConfig) -> Compressor:
+        return cls()
+
+    def compress(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
+        raise NotImplementedError
+
+    def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def keep_count(numel: int, ratio: float) -> int:
+    """Elements a sparsifier keeps: ⌈ratio·numel⌉, at least one."""
+    return max(1, min(numel, int(-(-numel * ratio // 1))))
+
+
+def scatter_sparse(values: torch.Tensor, indices: torch.Tensor, ctx: Ctx) -> torch.Tensor:
+    """Dense tensor of ``ctx``'s shape with ``values`` at flat ``indices`` and zeros elsewhere."""
+    out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=values.device)
+    out.index_put_((indices.long(),), values.to(ctx.dtype), accumulate=True)
+    return out.view(ctx.shape)
+
+
+_REGISTRY: dict[str, type[Compressor]] = {}
+C = TypeVar("C", bound=type[Compressor])
+
+
+def register(cls: C) -> C:
+    """Class decorator: make a compressor available as ``comm.method = cls.name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def compressor_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_compressor(cfg: CommConfig) -> Compressor:
+    try:
+        cls = _REGISTRY[cfg.method]
+    except KeyError:
+        raise ConfigError(
+            f"comm.method: {cfg.method!r} is not a per-tensor compressor; choose one of "
+            + ", ".join(compressor_names())
+        ) from None
+    return cls.from_config(cfg)

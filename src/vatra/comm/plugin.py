@@ -1,0 +1,71 @@
+"""``CommPlugin``: registers the gradient hook on the DDP wrapper and logs the bytes it sent."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from vatra.comm._base import build_compressor
+from vatra.comm.hooks import HookState, compression_hook
+from vatra.comm.memory import Memory, NoMemory
+from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
+from vatra.comm.topology import ByteCounter, build_topology
+from vatra.config._comm import CommConfig
+from vatra.engine import Plugin
+
+if TYPE_CHECKING:
+    from vatra.engine import Trainer
+
+
+class CommPlugin(Plugin):
+    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step) and ``comm_time_s`` to
+    each step's metrics and the run's total ``comm_bytes`` to the summary.
+
+    Without a process group (one rank) nothing is sent and both figures are 0.
+    """
+
+    def __init__(self, cfg: CommConfig, hosts: list[list[int]] | None = None) -> None:
+        self.cfg = cfg
+        self.hosts = hosts  # explicit host layout (tests); None = ask the elastic agents
+        self.state: HookState | PowerSGDHookState | None = None
+        self.total_bytes = 0
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        if not isinstance(trainer.module, DDP):
+            return
+        counter = ByteCounter()
+        if self.cfg.method == "powersgd":
+            self.state = PowerSGDHookState(self.cfg, counter, seed=trainer.cfg.run.seed)
+            trainer.module.register_comm_hook(self.state, powersgd_hook)
+        else:
+            compressor = build_compressor(self.cfg)
+            use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
+            memory = Memory() if use_memory else NoMemory()
+            self.state = HookState(
+                compressor=compressor,
+                memory=memory,
+                topology=build_topology(self.cfg.topology, counter, self.hosts),
+                start_step=self.cfg.start_step,
+                min_numel=self.cfg.min_numel,
+                bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+            )
+            trainer.module.register_comm_hook(self.state, compression_hook)
+        topology = getattr(getattr(self.state, "topology", None), "name", "flat")
+        trainer.log_event("comm", method=self.cfg.method, topology=topology)
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        if self.state is not None:
+            self.state.step = trainer.state.step
+            self.state.counter.reset()
+            self.state.comm_time_s = 0.0
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        sent = self.state.counter.sent if self.state is not None else 0
+        self.total_bytes += sent
+        metrics["comm_bytes"] = sent
+        metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        summary["comm_bytes"] = self.total_bytes
+        summary["comm_method"] = self.cfg.method

@@ -1,0 +1,122 @@
+"""Collective topologies with exact byte accounting: flat (the backend's own), ring, hierarchical.
+
+Every topology offers the two collectives the hooks need — an in-place sum all-reduce and an
+all-gather — over one contiguous 1-D tensor, and adds what this rank puts on the wire to its
+``ByteCounter``. For vatra's own ring and hierarchical collectives that figure is exact (the sum of
+every ``isend``); for ``flat`` the backend's algorithm is internal, so it is counted as a
+bandwidth-optimal ring would send it — 2·(W−1)/W·n bytes per all-reduce and (W−1)·n per all-gather,
+the volume gloo's ring sends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from vatra.errors import ConfigError
+
+
+@dataclass
+class ByteCounter:
+    """Bytes this rank sent since the last :meth:`reset` (one training step)."""
+
+    sent: int = 0
+    messages: int = 0
+
+    def add(self, nbytes: int) -> None:
+        self.sent += int(nbytes)
+        self.messages += 1
+
+    def reset(self) -> None:
+        self.sent = self.messages = 0
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def wait_all(works: list[dist.Work | None]) -> None:
+    """Wait for point-to-point requests (torch returns None for a peer outside the group)."""
+    for work in works:
+        if work is not None:
+            work.wait()
+
+
+class Topology:
+    """Base: ``all_reduce_`` sums in place across all ranks; ``all_gather`` returns a (W·n,) tensor
+    whose block r is rank r's input. Every rank calls the same collectives in the same order."""
+
+    name = "base"
+
+    def __init__(self, counter: ByteCounter | None = None) -> None:
+        self.counter = counter or ByteCounter()
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class FlatTopology(Topology):
+    """The backend's own collectives on the default group (gloo's ring on CPU)."""
+
+    name = "flat"
+
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        w = self.world_size
+        if w > 1:
+            dist.all_reduce(tensor)
+            self.counter.add(2 * (w - 1) * nbytes(tensor) // w)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        if self.world_size == 1:
+            return out.copy_(tensor)
+        dist.all_gather_single(out, tensor)
+        self.counter.add((self.world_size - 1) * nbytes(tensor))
+        return out
+
+
+def host_layout_from_env(world_size: int) -> list[list[int]]:
+    """Ranks grouped by host: each rank reports its elastic agent (GROUP_RANK) and host name.
+
+    A collective (all_gather_object) — every rank must call it. Without an elastic agent all
+    ranks report the same host.
+    """
+    import os
+    import socket
+
+    me = f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}"
+    ids: list[object] = [None] * world_size
+    dist.all_gather_object(ids, me)
+    hosts: dict[object, list[int]] = {}
+    for rank, host in enumerate(ids):
+        hosts.setdefault(host, []).append(rank)
+    return sorted(hosts.values())
+
+
+def build_topology(name: str, counter: ByteCounter, hosts: list[list[int]] | None = None) -> Topology:
+    """``auto`` → hierarchical when there are several hosts and some host runs several ranks."""
+    from vatra.comm.hierarchical import HierarchicalTopology
+    from vatra.comm.ring import RingTopology
+
+    if name in ("auto", "hierarchical") and hosts is None:
+        hosts = host_layout_from_env(dist.get_world_size())
+    if name == "auto":
+        assert hosts is not None
+        multi = len(hosts) > 1 and any(len(h) > 1 for h in hosts)
+        name = "hierarchical" if multi else "flat"
+    if name == "flat":
+        return FlatTopology(counter)
+    if name == "ring":
+        return RingTopology(counter)
+    if name == "hierarchical":
+        assert hosts is not None
+        return HierarchicalTopology(hosts, counter)
+    raise ConfigError(f"comm.topology: unknown {name!r}; choose auto, flat, ring or hierarchical")

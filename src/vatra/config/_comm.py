@@ -1,0 +1,49 @@
+"""The ``comm`` section: gradient compression, error feedback, all-reduce topology and batching."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from vatra.config._sections import Section
+
+CompressionMethod = Literal["none", "fp16", "bf16", "topk", "randomk", "onebit", "qsgd", "powersgd"]
+
+
+class CommConfig(Section):
+    method: CompressionMethod = Field(
+        "none", description="Gradient compressor; 'none' still routes through vatra's hook and counts bytes."
+    )
+    ratio: float = Field(0.01, gt=0.0, le=1.0, description="topk/randomk: share of elements sent per tensor.")
+    levels: int = Field(16, ge=1, le=127, description="qsgd: quantisation levels s (sent as int8).")
+    rank: int = Field(4, ge=1, description="powersgd: rank of the low-rank approximation.")
+    error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
+    start_step: int = Field(
+        0,
+        ge=0,
+        description="Warm-up steps sent uncompressed (powersgd uses at least 2: DDP rebuilds buckets).",
+    )
+    min_numel: int = Field(
+        1024, ge=0, description="Tensors with fewer elements go uncompressed (biases, norms)."
+    )
+    topology: Literal["auto", "flat", "ring", "hierarchical"] = Field(
+        "auto",
+        description=(
+            "flat = gloo/NCCL's own collectives; ring = vatra's ring (reduce-scatter + all-gather); "
+            "hierarchical = reduce inside each host, ring among host leaders, broadcast inside the host; "
+            "auto = hierarchical when there are several hosts with several processes each, else flat."
+        ),
+    )
+    bucket_mb: float = Field(
+        4.0, gt=0.0, description="Small messages of vatra's own collectives are fused up to this size (MB)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CommConfig:
+        if self.method == "powersgd" and self.topology in ("ring", "hierarchical"):
+            raise ValueError(
+                "powersgd runs torch's PowerSGD hook, which all-reduces on the default group; "
+                "set comm.topology = 'auto' or 'flat'"
+            )
+        return self

@@ -1,0 +1,284 @@
+"""A real multi-host cluster on one machine: network namespaces, veth pairs, a bridge, shaped links.
+
+Layout for ``--hosts N`` (nothing is added to the machine's own namespace)::
+
+    <name>-sw   a "switch" namespace holding bridge br0 and the switch ends p0..pN-1
+    <name>-hI   host I: lo and eth0 (10.213.0.(I+1)/24), whose peer pI sits on the bridge
+
+Each link is shaped with ``tc tbf`` on both ends (tbf shapes egress only), so each host sends and
+receives at ``--bandwidth``. netem is not in this kernel: bandwidth is shaped, latency is not added.
+``run`` starts one command per host inside its namespace with ``GLOO_SOCKET_IFNAME=eth0``; for
+``vatra train`` it adds the multi-node flags (c10d rendezvous on host 0, node rank, local address).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from vatra.errors import ConfigError, VatraError
+
+STATE_DIR = Path(os.environ.get("VATRA_CLUSTER_STATE", "/run/vatra-cluster"))
+SUBNET = "10.213.0"  # private to the namespaces this module creates
+IFNAME = "eth0"
+RDZV_PORT = 29400
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+
+
+class ClusterError(VatraError):
+    """The cluster could not be built, found or used."""
+
+
+def parse_bandwidth(text: str) -> int:
+    """``"100mbit"`` → 100_000_000 bits per second."""
+    m = _RATE.match(text.strip().lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"--bandwidth {text!r}: expected a rate such as 100mbit, 1gbit or 500kbit")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+@dataclass
+class Host:
+    index: int
+    netns: str
+    address: str
+
+
+@dataclass
+class ClusterSpec:
+    name: str = "vatra"
+    hosts: int = 2
+    bandwidth: str = "100mbit"
+    procs_per_host: int = 1
+
+    def validate(self) -> None:
+        if not _NAME.match(self.name):
+            raise ConfigError(f"--name {self.name!r}: 1-8 lowercase letters/digits, starting with a letter")
+        if not 1 <= self.hosts <= 64:
+            raise ConfigError(f"--hosts {self.hosts}: must be between 1 and 64")
+        if self.procs_per_host < 1:
+            raise ConfigError(f"--procs-per-host {self.procs_per_host}: must be ≥ 1")
+        parse_bandwidth(self.bandwidth)
+
+
+def _check_privileges() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "the test cluster needs root (network namespaces and tc); run as root or with sudo"
+        )
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise ClusterError(f"the test cluster needs the '{tool}' command (package iproute2)")
+
+
+def _sh(*args: str) -> str:
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode:
+        raise ClusterError(f"{' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def _netns_list() -> list[str]:
+    return [line.split()[0] for line in _sh("ip", "netns", "list").splitlines() if line.strip()]
+
+
+class Cluster:
+    """A cluster that is up (created by :meth:`up` or found by :meth:`load`)."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.switch = f"{spec.name}-sw"
+        self.hosts = [Host(i, f"{spec.name}-h{i}", f"{SUBNET}.{i + 1}") for i in range(spec.hosts)]
+
+    # ------------------------------------------------------------ lifecycle
+    @staticmethod
+    def state_file(name: str) -> Path:
+        return STATE_DIR / f"{name}.json"
+
+    @classmethod
+    def up(cls, spec: ClusterSpec) -> Cluster:
+        """Create namespaces, links and shaping; on any failure remove what was made and raise."""
+        spec.validate()
+        _check_privileges()
+        if cls.state_file(spec.name).exists() or any(n.startswith(f"{spec.name}-") for n in _netns_list()):
+            raise ClusterError(f"cluster {spec.name!r} is already up; run 'vatra cluster down' first")
+        cluster = cls(spec)
+        try:
+            cluster._build()
+        except BaseException:
+            cls.down(spec.name)
+            raise
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        cls.state_file(spec.name).write_text(json.dumps(asdict(spec)))
+        return cluster
+
+    def _build(self) -> None:
+        rate = parse_bandwidth(self.spec.bandwidth)
+        # tbf needs a bucket of at least one timer tick of traffic; 64 KiB covers ≤ 100 Mbit/s.
+        burst = max(64 * 1024, rate // 8 // 250)
+        shape = ["root", "tbf", "rate", str(rate), "burst", str(burst), "latency", "100ms"]
+        sw = self.switch
+        _sh("ip", "netns", "add", sw)
+        _sh("ip", "-n", sw, "link", "set", "lo", "up")
+        _sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+        _sh("ip", "-n", sw, "link", "set", "br0", "up")
+        for h in self.hosts:
+            port = f"p{h.index}"
+            _sh("ip", "netns", "add", h.netns)
+            _sh("ip", "-n", h.netns, "link", "set", "lo", "up")
+            _sh("ip", "link", "add", "name", IFNAME, "netns", h.netns, "type", "veth",
+                "peer", "name", port, "netns", sw)  # fmt: skip
+            _sh("ip", "-n", sw, "link", "set", port, "master", "br0")
+            _sh("ip", "-n", sw, "link", "set", port, "up")
+            _sh("ip", "-n", h.netns, "addr", "add", f"{h.address}/24", "dev", IFNAME)
+            _sh("ip", "-n", h.netns, "link", "set", IFNAME, "up")
+            _sh("tc", "-n", h.netns, "qdisc", "add", "dev", IFNAME, *shape)  # host → switch
+            _sh("tc", "-n", sw, "qdisc", "add", "dev", port, *shape)  # switch → host
+
+    @classmethod
+    def load(cls, name: str = "vatra") -> Cluster:
+        _check_privileges()
+        path = cls.state_file(name)
+        if not path.exists():
+            raise ClusterError(f"no cluster {name!r} is up; start one with 'vatra cluster up --hosts 2'")
+        cluster = cls(ClusterSpec(**json.loads(path.read_text())))
+        missing = [h.netns for h in cluster.hosts if h.netns not in _netns_list()]
+        if missing:
+            raise ClusterError(
+                f"cluster {name!r} is broken (missing {', '.join(missing)}); run 'vatra cluster down'"
+            )
+        return cluster
+
+    @classmethod
+    def down(cls, name: str = "vatra") -> list[str]:
+        """Stop processes left in the cluster's namespaces, delete the namespaces (their veths and
+        bridge go with them) and the state file. Returns the namespaces removed."""
+        _check_privileges()
+        ours = [n for n in _netns_list() if n == f"{name}-sw" or re.fullmatch(rf"{name}-h\d+", n)]
+        for ns in ours:
+            for pid in _sh("ip", "netns", "pids", ns).split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)  # started by 'vatra cluster run' in our namespace
+                except ProcessLookupError:
+                    continue
+        for ns in ours:
+            _sh("ip", "netns", "del", ns)
+        cls.state_file(name).unlink(missing_ok=True)
+        return ours
+
+    # ------------------------------------------------------------ use
+    def link_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each host's eth0 has sent and received so far (kernel counters, all headers included)."""
+        out = {}
+        for h in self.hosts:
+            stats = _sh("ip", "netns", "exec", h.netns, "cat",
+                        f"/sys/class/net/{IFNAME}/statistics/tx_bytes",
+                        f"/sys/class/net/{IFNAME}/statistics/rx_bytes").split()  # fmt: skip
+            out[h.netns] = {"tx_bytes": int(stats[0]), "rx_bytes": int(stats[1])}
+        return out
+
+    def host_command(self, host: Host, argv: list[str], run_id: str) -> list[str]:
+        """``argv`` for one host: ``vatra train`` gets the multi-node flags it does not already have."""
+        if argv[:1] == ["vatra"]:
+            argv = [sys.executable, "-m", "vatra", *argv[1:]]
+        is_train = argv[1:4] == ["-m", "vatra", "train"]
+        if is_train:
+            given = set(argv)
+            flags = {
+                "--nnodes": str(len(self.hosts)),
+                "--node-rank": str(host.index),
+                "--rdzv-endpoint": f"{self.hosts[0].address}:{RDZV_PORT}",
+                "--rdzv-id": run_id,
+                "--local-addr": host.address,
+                "--nproc": str(self.spec.procs_per_host),
+            }
+            argv = argv + [a for k, v in flags.items() if k not in given for a in (k, v)]
+        return ["ip", "netns", "exec", host.netns, *argv]
+
+    def run(self, argv: list[str], timeout: float | None = None) -> int:
+        """Run ``argv`` on every host at once, output prefixed ``[hI]``; returns the worst exit code.
+
+        When a host fails, the others get 10 s to notice (their rendezvous breaks) and are then
+        killed, so one failure never leaves the cluster running.
+        """
+        if not argv:
+            raise ConfigError("nothing to run: vatra cluster run -- vatra train CONFIG ...")
+        run_id = f"cluster-{uuid.uuid4().hex[:8]}"
+        total = len(self.hosts) * self.spec.procs_per_host
+        threads = str(max(1, (os.cpu_count() or 1) // total))
+        procs: list[subprocess.Popen[str]] = []
+        pumps: list[threading.Thread] = []
+        for h in self.hosts:
+            env = {
+                **os.environ,
+                "GLOO_SOCKET_IFNAME": IFNAME,
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+                "PYTHONUNBUFFERED": "1",
+                "VATRA_CLUSTER": self.spec.name,
+                "VATRA_CLUSTER_HOST": str(h.index),
+                "VATRA_CLUSTER_HOSTS": str(len(self.hosts)),
+                "VATRA_CLUSTER_ADDRESSES": ",".join(x.address for x in self.hosts),
+            }
+            proc = subprocess.Popen(
+                self.host_command(h, argv, run_id),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+            procs.append(proc)
+            pump = threading.Thread(target=_pump, args=(proc, f"[h{h.index}] "), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        try:
+            codes = _wait_all(procs, timeout)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            for pump in pumps:
+                pump.join(timeout=5)
+        if any(c == 2 for c in codes):
+            return 2
+        return max((abs(c) for c in codes), default=0)
+
+
+def _pump(proc: subprocess.Popen[str], prefix: str) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+
+
+def _wait_all(procs: list[subprocess.Popen[str]], timeout: float | None) -> list[int]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed_at: float | None = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes if c is not None]
+        now = time.monotonic()
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = now
+        if (failed_at is not None and now - failed_at > 10) or (deadline is not None and now > deadline):
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            time.sleep(2)
+            if deadline is not None and now > deadline:
+                raise ClusterError(f"cluster run timed out after {timeout:.0f} s; all hosts were stopped")
+            return [p.poll() if p.poll() is not None else 1 for p in procs]  # type: ignore[misc]
+        time.sleep(0.2)

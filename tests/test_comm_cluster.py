@@ -1,0 +1,77 @@
+"""The network-namespace test cluster: up, a 2-host training across shaped links, down."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from tests.conftest import run_vatra
+
+from vatra.launch.cluster import Cluster, parse_bandwidth
+from vatra.rundir import read_jsonl
+
+
+def _netns_usable() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    probe = f"vprobe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
+    if made:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return made
+
+
+needs_netns = pytest.mark.skipif(not _netns_usable(), reason="needs root and network namespaces")
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+@needs_netns
+def test_two_host_training_on_the_cluster(tmp_path: Path) -> None:
+    name = f"t{os.getpid() % 100000}"
+    run_dir = tmp_path / "run"
+    up = run_vatra("cluster", "up", "--name", name, "--hosts", "2", "--procs-per-host", "2",
+                   "--bandwidth", "200mbit")  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        assert {f"{name}-sw", f"{name}-h0", f"{name}-h1"} <= set(_namespaces())
+        before = Cluster.load(name).link_bytes()
+        run = run_vatra(
+            "cluster", "run", "--name", name, "--timeout", "200", "--",
+            "vatra", "train", "examples/digits.toml", "--run-dir", str(run_dir),
+            "--set", "train.steps=12", "--set", "train.eval_every=0", "--set", "run.progress=off",
+            "--set", "run.tensorboard=false", "--set", "model.hidden=[64]",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        after = Cluster.load(name).link_bytes()
+    finally:
+        down = run_vatra("cluster", "down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert not [n for n in _namespaces() if n.startswith(f"{name}-")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["steps"] == 12
+    # 2 hosts × 2 processes: the hook found the host layout from the elastic agents
+    comm = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "comm"]
+    assert comm and all(e["topology"] == "hierarchical" for e in comm)
+    # hierarchical: only leaders cross hosts, each sending what it counted for the ring among leaders
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert all(m["comm_bytes"] > 0 for m in metrics)
+    for host in (f"{name}-h0", f"{name}-h1"):
+        sent = after[host]["tx_bytes"] - before[host]["tx_bytes"]
+        assert sent > summary["comm_bytes"] // 2  # gradient bytes crossed the shaped links
+
+
+def test_cluster_usage_errors() -> None:
+    assert parse_bandwidth("100mbit") == 100_000_000 and parse_bandwidth("1.5gbit") == 1_500_000_000
+    bad = run_vatra("cluster", "up", "--bandwidth", "fast")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --bandwidth 'fast'")
+    assert "Traceback" not in bad.stderr
+    missing = run_vatra("cluster", "run", "--name", "nosuch", "--", "vatra", "train", "x.toml")
+    assert missing.returncode != 0 and missing.stderr.count("\n") == 1 and "error:" in missing.stderr

@@ -1,0 +1,133 @@
+"""Round-trip properties of every compressor, and error feedback's bounded residual."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vatra.comm import Memory, NoMemory, build_compressor, compressor_names
+from vatra.comm.onebit import pack_bits, unpack_bits
+from vatra.config import CommConfig
+from vatra.errors import ConfigError
+
+SHAPES = [(1,), (7,), (33, 5), (4, 3, 11)]
+
+
+def _grad(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _payload_bytes(payload: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in payload)
+
+
+@pytest.mark.parametrize("method", ["none", "fp16", "bf16", "topk", "randomk", "onebit", "qsgd"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_round_trip_keeps_shape_dtype_and_payload_layout(method: str, shape: tuple[int, ...]) -> None:
+    comp = build_compressor(CommConfig(method=method, ratio=0.1))
+    x = _grad(shape)
+    payload, ctx = comp.compress(x)
+    y = comp.decompress(payload, ctx)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    # the payload layout depends only on the shape: another tensor of that shape packs the same way
+    other, _ = comp.compress(_grad(shape, seed=1))
+    assert [(t.shape, t.dtype) for t in other] == [(t.shape, t.dtype) for t in payload]
+
+
+def test_lossless_and_half_precision() -> None:
+    x = _grad((257,))
+    none, fp16, bf16 = (build_compressor(CommConfig(method=m)) for m in ("none", "fp16", "bf16"))
+    assert torch.equal(none.decompress(*none.compress(x)), x)
+    torch.testing.assert_close(fp16.decompress(*fp16.compress(x)), x, rtol=1e-3, atol=1e-3)  # 10-bit mantissa
+    torch.testing.assert_close(bf16.decompress(*bf16.compress(x)), x, rtol=8e-3, atol=8e-3)  # 7-bit mantissa
+    assert _payload_bytes(fp16.compress(x)[0]) * 2 == _payload_bytes(none.compress(x)[0])
+
+
+def test_topk_keeps_exactly_the_largest() -> None:
+    x = _grad((1000,))
+    comp = build_compressor(CommConfig(method="topk", ratio=0.01))
+    payload, ctx = comp.compress(x)
+    y = comp.decompress(payload, ctx)
+    kept = y != 0
+    assert int(kept.sum()) == 10
+    assert torch.equal(y[kept], x[kept])
+    assert x[kept].abs().min() >= x[~kept].abs().max()
+    assert _payload_bytes(payload) == 10 * (4 + 4)  # int32 index + fp32 value
+
+
+def test_randomk_sends_k_original_values() -> None:
+    torch.manual_seed(0)
+    x = _grad((50,))
+    comp = build_compressor(CommConfig(method="randomk", ratio=0.2))
+    y = comp.decompress(*comp.compress(x))
+    kept = y != 0
+    assert int(kept.sum()) == 10
+    assert torch.equal(y[kept], x[kept])
+    other = comp.decompress(*comp.compress(x)) != 0
+    assert not torch.equal(kept, other)  # a fresh draw each call
+
+
+def test_onebit_bits_and_scale() -> None:
+    bits = torch.rand(29) > 0.5
+    assert torch.equal(unpack_bits(pack_bits(bits), 29), bits)
+    x = _grad((1001,))
+    comp = build_compressor(CommConfig(method="onebit"))
+    payload, ctx = comp.compress(x)
+    y = comp.decompress(payload, ctx)
+    assert torch.equal(y >= 0, x >= 0)
+    torch.testing.assert_close(y.abs(), torch.full_like(x, float(x.abs().mean())))
+    assert _payload_bytes(payload) == math.ceil(1001 / 8) + 4
+
+
+def test_qsgd_is_unbiased_and_bounded() -> None:
+    torch.manual_seed(0)
+    x = _grad((64,))
+    comp = build_compressor(CommConfig(method="qsgd", levels=4))
+    draws = torch.stack([comp.decompress(*comp.compress(x)) for _ in range(3000)])
+    assert (draws.mean(0) - x).abs().max() < 0.05 * x.norm()
+    # one quantisation step is ‖x‖/s: no draw is further than that from x
+    assert (draws - x).abs().max() <= x.norm() / 4 + 1e-5
+    assert comp.compress(x)[0][0].dtype == torch.int8
+    assert not comp.error_feedback  # unbiased and not contractive: the plugin gives it no memory
+
+
+@pytest.mark.parametrize("method", ["topk", "onebit", "randomk", "fp16"])
+def test_error_feedback_residual_stays_bounded(method: str) -> None:
+    """Σ transmitted = Σ true gradients − final residual, and the residual does not grow with steps."""
+    comp = build_compressor(CommConfig(method=method, ratio=0.05, levels=2))
+    mem = Memory()
+    torch.manual_seed(0)
+    true_sum = torch.zeros(500)
+    sent_sum = torch.zeros(500)
+    norms = []
+    for step in range(300):
+        g = _grad((500,), seed=step) + 0.5  # a persistent direction plus noise
+        x = mem.compensate(g, "w")
+        sent = comp.decompress(*comp.compress(x))
+        mem.update(x, "w", sent)
+        true_sum += g
+        sent_sum += sent
+        norms.append(mem.residual_norm())
+    torch.testing.assert_close(sent_sum + mem.residuals["w"], true_sum, rtol=1e-4, atol=1e-3)
+    late, early = max(norms[200:]), max(norms[50:100])
+    assert late < 2.0 * early  # bounded: no drift over time
+    # an element waits ~1/ratio = 20 steps to be sent: the residual stays ~20 gradients, 300 went by
+    assert mem.residuals["w"].norm() < 0.15 * true_sum.norm()
+
+
+def test_memory_drops_residual_of_a_rebuilt_bucket() -> None:
+    mem = Memory()
+    mem.update(torch.ones(4), ("b", 0), torch.zeros(4))
+    assert torch.equal(mem.compensate(torch.zeros(4), ("b", 0)), torch.ones(4))
+    assert torch.equal(mem.compensate(torch.zeros(6), ("b", 0)), torch.zeros(6))  # shape changed
+    assert torch.equal(NoMemory().compensate(torch.ones(2), "k"), torch.ones(2))
+
+
+def test_registry_names_and_config_errors() -> None:
+    assert compressor_names() == ["bf16", "fp16", "none", "onebit", "qsgd", "randomk", "topk"]
+    with pytest.raises(ConfigError, match="powersgd"):
+        build_compressor(CommConfig(method="powersgd"))
+    with pytest.raises(ValueError, match=r"comm\.topology"):
+        CommConfig(method="powersgd", topology="ring")
