@@ -14,6 +14,7 @@ from vatra.config import Config, dump_toml, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import VatraError
 from vatra.monitor import JsonlWriter, ProgressDisplay, TensorBoardWriter
+from vatra.resilience import CheckpointPlugin, KillInjector
 from vatra.rundir import RunDir, new_run_id
 
 
@@ -25,7 +26,11 @@ def build_plugins(cfg: Config, run_dir: RunDir) -> list[Plugin]:
     so they record what the others added to the step's metrics.
     """
     plugins: list[Plugin] = []
+    if cfg.chaos.kill_at_steps:
+        plugins.append(KillInjector(cfg.chaos, run_dir))
     plugins.append(CommPlugin(cfg.comm))
+    if cfg.checkpoint.enabled:
+        plugins.append(CheckpointPlugin(cfg, run_dir))
     plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))
     if cfg.run.tensorboard:
         plugins.append(TensorBoardWriter(run_dir))

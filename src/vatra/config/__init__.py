@@ -11,6 +11,7 @@ from vatra.config._load import (
     load_config,
     parse_override,
 )
+from vatra.config._resilience import CheckpointConfig, ErasureConfig, StoreConfig
 from vatra.config._sections import (
     DataConfig,
     DistConfig,
@@ -23,16 +24,19 @@ from vatra.config._sections import (
 
 __all__ = [
     "ChaosConfig",
+    "CheckpointConfig",
     "CommConfig",
     "Config",
     "DataConfig",
     "DistConfig",
+    "ErasureConfig",
     "FederatedConfig",
     "ModelConfig",
     "OptimConfig",
     "PartitionConfig",
     "RunConfig",
     "Section",
+    "StoreConfig",
     "TrainConfig",
     "apply_overrides",
     "config_from_dict",

@@ -10,6 +10,7 @@ import tomli_w
 from pydantic import Field, ValidationError
 
 from vatra.config._chaos import ChaosConfig
+from vatra.config._resilience import CheckpointConfig, StoreConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._sections import (
@@ -34,6 +35,8 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     dist: DistConfig = Field(default_factory=DistConfig)
     chaos: ChaosConfig = Field(default_factory=ChaosConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     comm: CommConfig = Field(default_factory=CommConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
 

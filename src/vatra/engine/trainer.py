@@ -158,6 +158,7 @@ class Trainer:
             fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
+        state.extras["grad_norm"] = grad_norm  # pre-clip and identical on every rank: healing decides on it
         self.plugins.after_backward(self)
         if not state.skip_update:
             self.scaler.step(self.optimizer)

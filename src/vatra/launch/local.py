@@ -7,11 +7,14 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
+from vatra.resilience.recovery import record_worker_failures
+from vatra.rundir import RunDir
 
 
 class WorkerFailure(VatraError):
@@ -100,8 +103,19 @@ def launch_workers(spec: LaunchSpec, worker_args: list[str]) -> None:
         # Like torchrun: N processes each using every core would oversubscribe the CPU.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    if spec.max_restarts > 0:
+        # The agent's shared TCPStore outlives a restart, and the new group would read the dead
+        # group's gloo addresses from it (hang, or "connection refused"): a fresh store per attempt.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The agent's failure reports (exit code, signal, rank) go to the run folder's events.jsonl:
+    # a SIGKILLed worker cannot log its own death.
+    run_dir = (
+        RunDir(Path(worker_args[worker_args.index("--run-dir") + 1])) if "--run-dir" in worker_args else None
+    )
+    rank_offset = (spec.node_rank or 0) * spec.nproc
     try:
-        elastic_launch(config, sys.executable)("-u", "-m", "vatra.worker", *worker_args)
+        with record_worker_failures(run_dir, rank_offset):
+            elastic_launch(config, sys.executable)("-u", "-m", "vatra.worker", *worker_args)
     except ChildFailedError as err:
         codes = {rank: failure.exitcode for rank, failure in err.failures.items()}
         exit_code = 2 if 2 in codes.values() else 1

@@ -1,6 +1,34 @@
-"""Monitoring: metric sinks, progress display."""
+"""Monitoring: metric collection, anomaly detectors, exporters, fault injection, the run report."""
 
+from vatra.monitor._base import DETECTORS, Detector, build_detector, register
+from vatra.monitor.autoencoder import AutoencoderDetector
+from vatra.monitor.chaos import TrainingFaults
+from vatra.monitor.ensemble import FEATURES, Alarm, Ensemble
+from vatra.monitor.exporters import PrometheusExporter, StepTracer
+from vatra.monitor.iforest import IsolationForestDetector
+from vatra.monitor.plugin import Monitor, Verdict
 from vatra.monitor.progress import ProgressDisplay
 from vatra.monitor.writers import JsonlWriter, TensorBoardWriter
+from vatra.monitor.zscore import RobustZ, ZScoreDetector
 
-__all__ = ["JsonlWriter", "ProgressDisplay", "TensorBoardWriter"]
+__all__ = [
+    "DETECTORS",
+    "FEATURES",
+    "Alarm",
+    "AutoencoderDetector",
+    "Detector",
+    "Ensemble",
+    "IsolationForestDetector",
+    "JsonlWriter",
+    "Monitor",
+    "ProgressDisplay",
+    "PrometheusExporter",
+    "RobustZ",
+    "StepTracer",
+    "TensorBoardWriter",
+    "TrainingFaults",
+    "Verdict",
+    "ZScoreDetector",
+    "build_detector",
+    "register",
+]

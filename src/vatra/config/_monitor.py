@@ -1,0 +1,92 @@
+"""The ``monitor`` and ``heal`` sections: metrics, exporters, anomaly detectors, self-healing."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from vatra.config._sections import Section
+
+
+class MonitorConfig(Section):
+    enabled: bool = Field(True, description="Collect system metrics, gather ranks and run the detectors.")
+    gather_every: int = Field(
+        10,
+        ge=1,
+        description="Steps between gathers of every rank's buffered rows (one small collective).",
+    )
+    system_every: int = Field(10, ge=1, description="Steps between psutil/NVML samples (CPU, memory, GPU).")
+    module_grad_norms: bool = Field(
+        False, description="Also log the gradient norm of each top-level module (one extra pass per step)."
+    )
+    detectors: list[Literal["zscore", "iforest", "autoencoder"]] = Field(
+        ["zscore", "iforest", "autoencoder"], description="Detectors the ensemble runs on rank 0."
+    )
+    vote: int = Field(
+        2, ge=1, description="Detectors (of the fitted ones) that must agree before the ensemble alarms."
+    )
+    warmup_steps: int = Field(100, ge=10, description="Steps the detectors learn from before they may alarm.")
+    refit_every: int = Field(
+        500, ge=0, description="Steps between refits of the learned detectors (background thread); 0 = never."
+    )
+    zscore_threshold: float = Field(
+        10.0, gt=0.0, description="zscore: robust z (over EWMA and spread) above which a value is a spike."
+    )
+    ewma_alpha: float = Field(0.05, gt=0.0, lt=1.0, description="zscore: weight of the newest value.")
+    score_quantile: float = Field(
+        0.995, gt=0.5, lt=1.0, description="iforest/autoencoder: quantile q of the training scores."
+    )
+    score_margin: float = Field(
+        4.0, ge=0.0, description="iforest: alarm above q + margin × (q − median) of those scores."
+    )
+    autoencoder_margin: float = Field(
+        20.0,
+        ge=0.0,
+        description="autoencoder: the same margin for reconstruction errors (their tail is longer).",
+    )
+    prometheus_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus /metrics on rank 0 at this port (0 = any free)."
+    )
+    prometheus_addr: str = Field("127.0.0.1", description="Address the Prometheus endpoint binds to.")
+    tracing: bool = Field(False, description="OpenTelemetry spans for each step's phases.")
+    tracing_exporter: Literal["console", "otlp"] = Field(
+        "console", description="console = JSON lines in <run>/traces.jsonl; otlp = OTLP/HTTP collector."
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP endpoint (tracing_exporter = otlp)."
+    )
+    report: bool = Field(True, description="Write report.html into the run folder at the end of a run.")
+
+
+class HealConfig(Section):
+    enabled: bool = Field(True, description="Act on anomalies (monitor.enabled must be true too).")
+    policies: list[Literal["skip_spike", "rollback", "straggler", "prefetch"]] = Field(
+        ["skip_spike", "rollback", "straggler", "prefetch"], description="Policies that may act."
+    )
+    lr_backoff: float = Field(0.5, gt=0.0, le=1.0, description="rollback: LR multiplier after each rollback.")
+    divergence_steps: int = Field(
+        5, ge=1, description="rollback: consecutive steps of loss above the divergence bound that roll back."
+    )
+    divergence_factor: float = Field(
+        3.0, gt=1.0, description="rollback: loss above factor × its healthy baseline counts as diverging."
+    )
+    snapshot_every: int = Field(
+        25, ge=1, description="rollback: steps between in-memory last-good snapshots (no checkpoint plugin)."
+    )
+    straggler_ratio: float = Field(
+        2.0,
+        gt=1.0,
+        description="straggler: a rank's compute time above ratio × the other ranks' median names it.",
+    )
+    data_wait_share: float = Field(
+        0.5, gt=0.0, lt=1.0, description="prefetch: data wait above this share of step time raises prefetch."
+    )
+    max_prefetch: int = Field(8, ge=1, description="prefetch: the most batches prefetched ahead.")
+    escalate_after_skips: int = Field(
+        2,
+        ge=1,
+        description="rollback: this many consecutive skipped updates roll back (skipping is not helping).",
+    )
+    max_actions: int = Field(10, ge=1, description="Cap on actions (skip, rollback) per window.")
+    window_steps: int = Field(100, ge=1, description="Window of the action cap, in steps.")

@@ -1,0 +1,73 @@
+"""The ``checkpoint`` and ``store`` sections: when to save full training state, and where it lives."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from vatra.config._sections import Section
+
+
+class CheckpointConfig(Section):
+    # `async` is a Python keyword: the field is `async_`, read and written as `async` in TOML.
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    enabled: bool = Field(True, description="Save full training state (model, optimizer, RNG, sampler).")
+    every_steps: int | Literal["auto"] = Field(
+        25,
+        description=(
+            "Save every N optimizer steps (0 = only at the end and on SIGTERM); 'auto' picks the "
+            "Young/Daly interval sqrt(2·MTBF·C) from the measured checkpoint cost C."
+        ),
+    )
+    async_: bool = Field(
+        False,
+        alias="async",
+        description="Serialize and upload on a background thread; training blocks only for the host copy.",
+    )
+    mtbf_s: float = Field(
+        3600.0,
+        gt=0.0,
+        description="every_steps = 'auto': assumed mean time between failures until failures are observed.",
+    )
+    keep_last: int = Field(5, ge=0, description="Versions kept after each save (tagged ones too); 0 = all.")
+    resume: bool = Field(True, description="Resume from the latest verified version when the store has one.")
+    on_sigterm: bool = Field(True, description="On SIGTERM (preemption notice) save a checkpoint, then exit.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointConfig:
+        if isinstance(self.every_steps, int) and self.every_steps < 0:
+            raise ValueError(f"every_steps must be ≥ 0 or 'auto' (got {self.every_steps})")
+        return self
+
+
+class ErasureConfig(Section):
+    k: int = Field(4, ge=1, description="Shards needed to restore an object.")
+    m: int = Field(6, ge=2, le=256, description="Shards written per object, one per node.")
+    nodes: list[str] = Field(
+        [], description="m storage locations (directories or fsspec URLs), one shard of every object each."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ErasureConfig:
+        if self.k >= self.m:
+            raise ValueError(f"need k < m (got k={self.k}, m={self.m})")
+        if len(self.nodes) != self.m:
+            raise ValueError(f"nodes: give exactly m={self.m} locations (got {len(self.nodes)})")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes: locations must be distinct (a shared location defeats erasure coding)")
+        return self
+
+
+class StoreConfig(Section):
+    url: str = Field(
+        "",
+        description="Store location: a directory or fsspec URL (s3://bucket/prefix); '' = <run>/checkpoints.",
+    )
+    options: dict[str, Any] = Field(
+        {}, description="Keyword options for the fsspec filesystem, e.g. {endpoint_url = 'http://…'} for S3."
+    )
+    erasure: ErasureConfig | None = Field(
+        None, description="Erasure-code every object over several locations instead of using url."
+    )

@@ -1,0 +1,75 @@
+"""A small torch autoencoder over the feature vector; the score is the reconstruction error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from vatra.config._monitor import MonitorConfig
+from vatra.monitor._base import register
+from vatra.monitor._learned import LearnedDetector
+
+
+def squash(x: np.ndarray) -> np.ndarray:
+    """sign(x)·log(1 + |x|): heavy-tailed z values become a compact range an MSE can learn."""
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
+@dataclass
+class FittedAutoencoder:
+    net: nn.Module
+    mean: np.ndarray  # (F,) standardisation of the training rows
+    std: np.ndarray  # (F,)
+
+    @torch.no_grad()
+    def score(self, x: np.ndarray) -> np.ndarray:
+        z = torch.from_numpy(((squash(x) - self.mean) / self.std).astype(np.float32))  # (n, F)
+        return ((self.net(z) - z) ** 2).mean(dim=1).double().numpy()
+
+
+@register("autoencoder")
+class AutoencoderDetector(LearnedDetector):
+    """F → 16 → 2 → 16 → F with tanh, trained full-batch with Adam on standardised clean rows.
+
+    The two-unit bottleneck learns how the features move together on healthy steps; a vector that
+    breaks that pattern, or leaves the range seen in training, reconstructs badly.
+    """
+
+    epochs = 150
+    hidden = 16
+    bottleneck = 2
+
+    def __init__(self, cfg: MonitorConfig, n_features: int, seed: int = 0) -> None:
+        super().__init__(cfg, n_features)
+        self.seed = seed
+
+    def _fit(self, x: np.ndarray) -> FittedAutoencoder:
+        gen = torch.Generator().manual_seed(self.seed + self.fits)
+        x = squash(x)
+        mean, std = x.mean(axis=0), x.std(axis=0) + 1e-6
+        f, h, b = self.n_features, self.hidden, self.bottleneck
+        net = nn.Sequential(
+            nn.Linear(f, h), nn.Tanh(), nn.Linear(h, b), nn.Tanh(), nn.Linear(b, h), nn.Tanh()
+        )
+        net.append(nn.Linear(h, f))
+        with torch.no_grad():
+            for p in net.parameters():
+                p.uniform_(-0.5, 0.5, generator=gen)
+        data = torch.from_numpy(((x - mean) / std).astype(np.float32))
+        opt = torch.optim.Adam(net.parameters(), lr=2e-2)
+        for _ in range(self.epochs):
+            opt.zero_grad()
+            loss = ((net(data) - data) ** 2).mean()
+            loss.backward()
+            opt.step()
+        net.eval()
+        return FittedAutoencoder(net, mean, std)
+
+    def margin(self) -> float:
+        return self.cfg.autoencoder_margin
+
+    def _score(self, model: FittedAutoencoder, x: np.ndarray) -> np.ndarray:
+        return model.score(x)

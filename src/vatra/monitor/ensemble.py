@@ -1,0 +1,111 @@
+"""The ensemble: turns each step's metrics into a feature vector, asks every detector, decides."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vatra.config._monitor import MonitorConfig
+
+# Importing the modules registers the detectors by name.
+from vatra.monitor import autoencoder, iforest, zscore  # noqa: F401
+from vatra.monitor._base import Detector, build_detector
+from vatra.monitor.zscore import RobustZ
+
+FEATURES = ("loss_z", "grad_norm_z", "loss_change_z")
+
+
+@dataclass
+class Alarm:
+    """One anomalous step: which detectors fired, their scores and thresholds, and the raw values."""
+
+    step: int
+    detectors: list[str]
+    scores: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    features: dict[str, float] = field(default_factory=dict)
+
+    def as_event(self) -> dict[str, Any]:
+        return {
+            "detectors": self.detectors,
+            "scores": self.scores,
+            "thresholds": self.thresholds,
+            "values": self.values,
+            "features": self.features,
+        }
+
+
+class FeatureBuilder:
+    """Robust z values of the loss, the gradient norm and the step's change in loss.
+
+    Each stream has its own EWMA centre and MAD scale (:class:`RobustZ`), so the features are
+    stationary while the raw values trend down all run: a detector fitted early still fits late,
+    and the same threshold means the same thing in step 50 and step 5,000.
+    """
+
+    def __init__(self, alpha: float) -> None:
+        self.streams = [RobustZ(alpha) for _ in FEATURES]
+        self.prev_loss: float | None = None
+
+    def _values(self, loss: float, grad_norm: float) -> list[float]:
+        change = loss - self.prev_loss if self.prev_loss is not None else 0.0
+        return [loss, grad_norm, change]
+
+    def features(self, loss: float, grad_norm: float) -> np.ndarray:
+        return np.array([s.z(v) for s, v in zip(self.streams, self._values(loss, grad_norm), strict=True)])
+
+    def commit(self, loss: float, grad_norm: float) -> None:
+        """Move the baselines (winsorised, so an anomalous step moves them by a few scales at most)."""
+        values = self._values(loss, grad_norm)
+        for s, v in zip(self.streams, values, strict=True):
+            s.update(v)
+        self.prev_loss = values[0]
+
+
+class Ensemble:
+    """Runs the configured detectors on every step's (loss, grad norm); ``vote`` of them must agree.
+
+    A non-finite loss or gradient norm is always an alarm (detector ``nonfinite``). Until
+    ``warmup_steps`` steps have been seen nothing else alarms: every step is learned as normal.
+    Learned detectors learn only from steps that did not alarm; the feature baselines always move
+    (winsorised), so a lasting change of level stops alarming after a while instead of forever.
+    """
+
+    def __init__(self, cfg: MonitorConfig, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.builder = FeatureBuilder(cfg.ewma_alpha)
+        self.detectors: list[Detector] = [build_detector(n, cfg, len(FEATURES)) for n in cfg.detectors]
+        for d in self.detectors:
+            if hasattr(d, "seed"):
+                d.seed = seed
+        self.seen = 0
+
+    def observe(self, step: int, loss: float, grad_norm: float) -> Alarm | None:
+        values = {"loss": loss, "grad_norm": grad_norm}
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return Alarm(step, ["nonfinite"], values=values)
+        x = self.builder.features(loss, grad_norm)
+        self.seen += 1
+        alarm = None
+        if self.seen > self.cfg.warmup_steps:
+            ready = [d for d in self.detectors if d.ready]
+            scores = {d.name: d.score(x) for d in ready}
+            thresholds = {d.name: d.threshold() for d in ready}
+            fired = [n for n in scores if scores[n] > thresholds[n]]
+            need = min(self.cfg.vote, len(ready))
+            if ready and len(fired) >= need:
+                feats = dict(zip(FEATURES, x.tolist(), strict=True))
+                alarm = Alarm(step, fired, scores, thresholds, values, feats)
+        if alarm is None:
+            for d in self.detectors:
+                d.learn(x)
+        self.builder.commit(loss, grad_norm)
+        return alarm
+
+    def close(self) -> None:
+        for d in self.detectors:
+            d.close()

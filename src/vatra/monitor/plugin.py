@@ -1,0 +1,201 @@
+"""``Monitor``: per-rank step rows, one gather every k steps, the straggler view and the detectors."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from vatra.config import Config
+from vatra.engine import Plugin
+from vatra.monitor.collect import SystemSampler, module_grad_norms
+from vatra.monitor.ensemble import Alarm, Ensemble
+from vatra.rundir import RunDir
+
+if TYPE_CHECKING:
+    from vatra.engine import Trainer
+
+# One row per rank per step; the gather ships (steps, len(COLUMNS)) float64 per rank.
+COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "data_time_s", "compute_time_s")
+
+
+@dataclass
+class Verdict:
+    """What rank 0 concluded from the last gathered window; identical on every rank (broadcast).
+
+    Healing policies read it from ``trainer.state.extras["monitor"]`` at the step it was made.
+    """
+
+    step: int  # the step this verdict was made at
+    steps: list[int]  # the window's steps, in order
+    loss: list[float]  # mean loss over ranks per step of the window
+    alarms: int  # ensemble alarms in the window
+    straggler_ratio: float  # slowest rank's compute time over the median of the other ranks'
+    slowest_rank: int
+    data_share: float  # the largest rank's share of step time spent waiting for data
+    alarm_steps: list[int] = field(default_factory=list)
+
+
+class Monitor(Plugin):
+    """Collects metrics on every rank and runs the anomaly ensemble on rank 0.
+
+    Per step each rank appends one row (loss, gradient norm, step time, data wait, compute time)
+    to a buffer; every ``gather_every`` steps one ``gather`` brings the buffers to rank 0 and one
+    ``broadcast`` sends back a small verdict, so the detectors see every step of every rank
+    without a collective per metric or per step. Compute time is measured from the step's start
+    to the moment the first parameter's gradient is produced (the end of local backward, before
+    DDP waits for the last bucket), so a slow rank shows as slow while the others show as waiting.
+    """
+
+    def __init__(self, cfg: Config, run_dir: RunDir | None = None) -> None:
+        self.cfg = cfg.monitor
+        self.run_dir = run_dir
+        self.rows: list[list[float]] = []
+        self.sampler: SystemSampler | None = None
+        self.ensemble: Ensemble | None = None
+        self.t0 = 0.0
+        self.t_grad: float | None = None
+        self.hook: Any = None
+        self.anomalies = 0
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self.sampler = SystemSampler(trainer.dist.device)
+        if trainer.dist.is_main:
+            self.ensemble = Ensemble(self.cfg, seed=trainer.cfg.run.seed)
+        first = next((p for p in trainer.model.parameters() if p.requires_grad), None)
+        if first is not None:
+            self.hook = first.register_hook(self._grad_ready)
+
+    def _grad_ready(self, grad: torch.Tensor) -> None:
+        self.t_grad = time.perf_counter()
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        self.t0 = time.perf_counter()
+        self.t_grad = None
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        step = metrics["step"]
+        compute = (self.t_grad or time.perf_counter()) - self.t0
+        metrics["compute_time_s"] = compute
+        if self.sampler is not None and step % self.cfg.system_every == 0:
+            metrics.update(self.sampler.sample())
+        if self.cfg.module_grad_norms and trainer.dist.is_main:
+            metrics.update(module_grad_norms(trainer.model))
+        self.rows.append(
+            [
+                step,
+                metrics["loss"],
+                metrics["grad_norm"],
+                metrics["step_time_s"],
+                metrics["data_time_s"],
+                compute,
+            ]
+        )
+        last = step >= trainer.cfg.train.steps or trainer.state.should_stop
+        if step % self.cfg.gather_every == 0 or last:
+            verdict = self._gather_and_judge(trainer, metrics)
+            trainer.state.extras["monitor"] = verdict
+            trainer.state.healthy = verdict.alarms == 0
+
+    def _gather_and_judge(self, trainer: Trainer, metrics: dict[str, Any]) -> Verdict:
+        ctx = trainer.dist
+        mine = torch.tensor(self.rows, dtype=torch.float64)  # (k, C); every rank has the same k
+        self.rows = []
+        if ctx.distributed:
+            parts = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.is_main else None
+            dist.gather(mine, parts, dst=0)
+        else:
+            parts = [mine]
+        # Verdict vector: [alarms, slowest rank, straggler ratio, data share, k mean losses].
+        k = len(mine)
+        box = torch.zeros(4 + k, dtype=torch.float64)
+        alarm_steps: list[int] = []
+        if ctx.is_main:
+            assert parts is not None
+            window = torch.stack(parts).numpy()  # (W, k, C)
+            box, alarm_steps = self._judge(trainer, window, metrics)
+        if ctx.distributed:
+            dist.broadcast(box, src=0)
+        v = box.tolist()
+        return Verdict(
+            step=metrics["step"],
+            steps=[int(s) for s in mine[:, 0].tolist()],
+            loss=v[4:],
+            alarms=int(v[0]),
+            straggler_ratio=v[2],
+            slowest_rank=int(v[1]),
+            data_share=v[3],
+            alarm_steps=alarm_steps,
+        )
+
+    def _judge(
+        self, trainer: Trainer, window: np.ndarray, metrics: dict[str, Any]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Rank 0: run the ensemble on each step of the window; the straggler and data-wait view."""
+        col = {c: i for i, c in enumerate(COLUMNS)}
+        loss_mean = window[:, :, col["loss"]].mean(axis=0)  # (k,)
+        alarm_steps: list[int] = []
+        assert self.ensemble is not None
+        for j in range(window.shape[1]):
+            step = int(window[0, j, col["step"]])
+            alarm = self.ensemble.observe(step, float(loss_mean[j]), float(window[0, j, col["grad_norm"]]))
+            if alarm is not None:
+                alarm_steps.append(step)
+                self._log_alarm(trainer, alarm, window[:, j, col["loss"]].tolist())
+        compute = window[:, :, col["compute_time_s"]].mean(axis=1)  # (W,) per rank over the window
+        step_time = window[:, :, col["step_time_s"]].mean(axis=1)
+        data_share = window[:, :, col["data_time_s"]].sum(axis=1) / window[:, :, col["step_time_s"]].sum(
+            axis=1
+        )
+        # Against the median of the *other* ranks: with two ranks the plain median is the mean of
+        # both, which caps the ratio at 2 however slow one of them is.
+        slowest = int(compute.argmax())
+        others = np.delete(compute, slowest)
+        median = statistics.median(others.tolist()) if len(others) else float(compute[slowest])
+        ratio = float(compute[slowest] / median) if median > 0 else 1.0
+        metrics["rank_step_time_s"] = step_time.tolist()
+        metrics["rank_compute_time_s"] = compute.tolist()
+        metrics["straggler_ratio"] = ratio
+        metrics["slowest_rank"] = slowest
+        metrics["anomalies"] = self.anomalies
+        box = torch.tensor(
+            [len(alarm_steps), slowest, ratio, float(data_share.max()), *loss_mean.tolist()],
+            dtype=torch.float64,
+        )
+        return box, alarm_steps
+
+    def _log_alarm(self, trainer: Trainer, alarm: Alarm, rank_losses: list[float]) -> None:
+        self.anomalies += 1
+        if trainer.run_dir is not None:
+            trainer.run_dir.log_event(
+                "anomaly", rank=0, step=alarm.step, rank_losses=rank_losses, **alarm.as_event()
+            )
+
+    def _close(self) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+        if self.ensemble is not None:
+            self.ensemble.close()
+        if self.sampler is not None:
+            self.sampler.close()
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        self._close()
+        summary["anomalies"] = self.anomalies
+        if trainer.dist.is_main and self.cfg.report and self.run_dir is not None:
+            from vatra.monitor.report import write_report  # matplotlib: only where a report is made
+
+            write_report(self.run_dir.path, summary=summary)
+
+    def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        self._close()
+        if trainer.dist.is_main and self.cfg.report and self.run_dir is not None:
+            from vatra.monitor.report import write_report
+
+            write_report(self.run_dir.path)

@@ -1,0 +1,96 @@
+"""Robust z-score: the distance of a value from its EWMA in units of the recent residuals' spread."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from vatra.monitor._base import Detector, register
+
+
+class RobustZ:
+    """One stream: centre = EWMA of the values, scale = a high quantile of the recent absolute deviations.
+
+    The scale is the ``quantile`` (default 0.9) of |r − median(r)| over the last ``window``
+    residuals r; the MAD is the 0.5 quantile. Per-batch loss and gradient norm are heavy-tailed
+    (late in training most batches give tiny gradients, a few give large ones), and measured on
+    the digits runs the MAD made ordinary batches look like 30σ spikes while the 0.9 quantile kept
+    every clean step under 6 and every injected fault above 100 (bench/monitor_detection.py).
+
+    Updates are winsorised: once the stream is ready a residual counts at most ``clip`` scales, so a
+    spike barely moves the centre while a lasting shift is followed within tens of steps (instead
+    of freezing the baseline and alarming forever). ``scale_floor`` keeps a nearly constant stream
+    from turning tiny noise into huge z values.
+    """
+
+    def __init__(
+        self,
+        alpha: float,
+        window: int = 128,
+        min_count: int = 20,
+        quantile: float = 0.9,
+        scale_floor: float = 1e-6,
+        clip: float = 3.0,
+    ) -> None:
+        self.alpha = alpha
+        self.quantile = quantile
+        self.clip = clip
+        self.residuals: deque[float] = deque(maxlen=window)
+        self.min_count = min_count
+        self.scale_floor = scale_floor
+        self.center: float | None = None
+        self._scale: float | None = None  # cached until the next update
+
+    @property
+    def ready(self) -> bool:
+        return len(self.residuals) >= self.min_count
+
+    def scale(self) -> float:
+        if self._scale is None:
+            r = np.fromiter(self.residuals, dtype=np.float64)
+            spread = float(np.quantile(np.abs(r - np.median(r)), self.quantile)) if len(r) else 0.0
+            self._scale = max(spread, self.scale_floor)
+        return self._scale
+
+    def z(self, value: float) -> float:
+        if self.center is None or not self.ready:
+            return 0.0
+        return (value - self.center) / self.scale()
+
+    def update(self, value: float) -> None:
+        if not math.isfinite(value):
+            return
+        if self.center is None:
+            self.center = value
+            return
+        r = value - self.center
+        if self.ready:
+            bound = self.clip * self.scale()
+            r = min(max(r, -bound), bound)
+        self.residuals.append(r)
+        self.center += self.alpha * r
+        self._scale = None
+
+
+@register("zscore")
+class ZScoreDetector(Detector):
+    """The largest upward robust z among the features (the ensemble's features already are robust
+    z values over EWMA/MAD baselines, see :class:`~vatra.monitor.ensemble.FeatureBuilder`).
+
+    Stateless beyond those baselines, so it is ready as soon as the warm-up is over.
+    """
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    def score(self, x: np.ndarray) -> float:
+        return float(x.max())
+
+    def threshold(self) -> float:
+        return self.cfg.zscore_threshold
+
+    def learn(self, x: np.ndarray) -> None:
+        return None

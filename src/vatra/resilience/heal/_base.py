@@ -1,0 +1,64 @@
+"""``Policy``: the base class of self-healing policies, the ``Action`` they take, and the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vatra.config import Config
+
+if TYPE_CHECKING:
+    from vatra.engine import Trainer
+    from vatra.monitor.plugin import Verdict
+
+POLICIES: dict[str, type[Policy]] = {}
+
+
+def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    def deco(cls: type[Policy]) -> type[Policy]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return deco
+
+
+@dataclass
+class Action:
+    """One healing action, logged to events.jsonl with its reason and evidence."""
+
+    policy: str
+    kind: str  # skip_update | rollback | straggler | prefetch
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    capped: bool = True  # counts against heal.max_actions (actions that change the training)
+
+
+class Policy:
+    """Decides on evidence every rank has in identical form, then acts on every rank.
+
+    Call order per step: ``after_backward`` (the global, pre-clip gradient norm is identical on
+    every rank after DDP's all-reduce) → ``on_step_end`` (with the monitor's verdict on the steps
+    where one was made, else None; the verdict is broadcast from rank 0). A decision is returned
+    as an :class:`Action`; the healer checks the action cap, then calls ``apply``. Because every
+    input is identical across ranks, every rank takes the same decision without a collective.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg.heal
+        self.monitor = cfg.monitor
+
+    def on_fit_start(self, trainer: Trainer) -> None: ...
+
+    def after_backward(self, trainer: Trainer, grad_norm: float) -> Action | None:
+        return None
+
+    def on_step_end(self, trainer: Trainer, verdict: Verdict | None) -> Action | None:
+        return None
+
+    def apply(self, trainer: Trainer, action: Action) -> None: ...
+
+    def close(self, trainer: Trainer) -> None: ...

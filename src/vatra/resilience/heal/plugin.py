@@ -1,0 +1,83 @@
+"""``Healer``: runs the healing policies, enforces the action cap and logs every action."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from vatra.config import Config
+from vatra.engine import Plugin
+from vatra.resilience.heal._base import POLICIES, Action, Policy
+from vatra.resilience.heal.cap import ActionCap
+
+if TYPE_CHECKING:
+    from vatra.engine import Trainer
+    from vatra.monitor.plugin import Verdict
+
+
+class Healer(Plugin):
+    """Placed after the monitor (it reads the monitor's verdict) and before checkpointing.
+
+    Every rank runs every policy on identical inputs, so all ranks act alike. Actions go to
+    events.jsonl (rank 0) as ``heal`` events and are counted in ``trainer.state.extras["heal"]``;
+    more than ``heal.max_actions`` capped actions within ``heal.window_steps`` steps raise
+    :class:`~vatra.resilience.heal.cap.HealingFailed`, which ends the run with one error line.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        self.policies: list[Policy] = [POLICIES[name](cfg) for name in cfg.heal.policies]
+        self.cap = ActionCap(cfg.heal.max_actions, cfg.heal.window_steps)
+        self.clock = 0  # steps executed, including those a rollback undid
+        self.counts: dict[str, int] = {}
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        trainer.state.extras["heal"] = {"actions": self.counts}
+        for p in self.policies:
+            p.on_fit_start(trainer)
+
+    def _act(self, trainer: Trainer, policy: Policy, action: Action | None) -> None:
+        if action is None:
+            return
+        if action.capped:
+            self.cap.admit(self.clock, f"{action.kind}: {action.reason}")
+        policy.apply(trainer, action)
+        self.counts[action.kind] = self.counts.get(action.kind, 0) + 1
+        if trainer.dist.is_main and trainer.run_dir is not None:
+            evidence = {
+                k: v if not isinstance(v, float) or math.isfinite(v) else str(v)
+                for k, v in action.evidence.items()
+            }
+            trainer.run_dir.log_event(
+                "heal",
+                rank=0,
+                step=trainer.state.step,
+                policy=action.policy,
+                action=action.kind,
+                reason=action.reason,
+                evidence=evidence,
+            )
+
+    def after_backward(self, trainer: Trainer) -> None:
+        grad_norm = float(trainer.state.extras.get("grad_norm", 0.0))
+        for p in self.policies:
+            self._act(trainer, p, p.after_backward(trainer, grad_norm))
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self.clock += 1
+        verdict: Verdict | None = trainer.state.extras.get("monitor")
+        if verdict is not None and verdict.step != metrics["step"]:
+            verdict = None  # made at an earlier step: already acted on
+        for p in self.policies:
+            self._act(trainer, p, p.on_step_end(trainer, verdict))
+        metrics["heal_actions"] = sum(self.counts.values())
+
+    def _close(self, trainer: Trainer) -> None:
+        for p in self.policies:
+            p.close(trainer)
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        self._close(trainer)
+        summary["heal_actions"] = dict(self.counts)
+
+    def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        self._close(trainer)

@@ -1,0 +1,190 @@
+"""Roll back to the last good state on NaN/Inf or sustained divergence, then back the LR off."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vatra.config import Config
+from vatra.resilience.heal._base import Action, Policy, register
+from vatra.resilience.heal.cap import HealingFailed
+
+LAST_GOOD = "last-good"  # the tag the checkpoint plugin puts on versions saved while healthy
+
+if TYPE_CHECKING:
+    from vatra.engine import Checkpointer, Trainer
+    from vatra.monitor.plugin import Verdict
+
+
+@dataclass
+class Snapshot:
+    """An in-memory copy of everything a rollback restores (used when no checkpoint plugin runs)."""
+
+    step: int
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+
+    @classmethod
+    def take(cls, trainer: Trainer) -> Snapshot:
+        return cls(
+            step=trainer.state.step,
+            model={k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+            optimizer=copy.deepcopy(trainer.optimizer.state_dict()),
+            scheduler=copy.deepcopy(trainer.scheduler.state_dict()),
+            scaler=copy.deepcopy(trainer.scaler.state_dict()),
+        )
+
+    def restore(self, trainer: Trainer) -> None:
+        trainer.model.load_state_dict(self.model)
+        # load_state_dict keeps tensors it does not need to move: copy, or later steps would
+        # update this snapshot in place.
+        trainer.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        trainer.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
+        trainer.scaler.load_state_dict(copy.deepcopy(self.scaler))
+        trainer.state.step = self.step
+
+
+@register("rollback")
+class Rollback(Policy):
+    """On a non-finite gradient norm, a non-finite mean loss, a mean loss above
+    ``divergence_factor`` × its healthy baseline for ``divergence_steps`` consecutive steps, or
+    ``escalate_after_skips`` consecutive skipped updates:
+
+    1. restore ``last-good`` through ``trainer.state.checkpointer`` (the checkpoint plugin), or
+       from this policy's in-memory snapshot when no checkpoint plugin runs;
+    2. keep the sampler where it was, so the batches since last-good are skipped, not replayed;
+    3. multiply the LR by ``heal.lr_backoff`` (cumulative over rollbacks, for the rest of the run).
+
+    In-memory snapshots are taken on verdict steps at most every ``snapshot_every`` steps and only
+    promoted to last-good after the next verdict is clean as well: a verdict covers the steps
+    before it, so a snapshot is good once a later clean window has vouched for it.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.nonfinite_at: int | None = None
+        self.baseline: float | None = None
+        self.above = 0
+        self.lr_scale = 1.0
+        self.base_lrs: list[float] = []
+        self.good: Snapshot | None = None
+        self.pending: Snapshot | None = None
+        self.rollbacks = 0
+        self.skips_in_a_row = 0
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self.base_lrs = [float(b) for b in trainer.scheduler.base_lrs]
+        self.good = Snapshot.take(trainer)  # the starting state is good by definition
+
+    def after_backward(self, trainer: Trainer, grad_norm: float) -> Action | None:
+        # Runs after skip_spike: a skip decided for this step is visible here.
+        if not math.isfinite(grad_norm):
+            self.nonfinite_at = trainer.state.step + 1
+        self.skips_in_a_row = self.skips_in_a_row + 1 if trainer.state.skip_update else 0
+        return None
+
+    def on_step_end(self, trainer: Trainer, verdict: Verdict | None) -> Action | None:
+        evidence: dict[str, Any]
+        if self.nonfinite_at is not None:
+            evidence = {"at_step": self.nonfinite_at, "onset": self.nonfinite_at}
+            return Action(self.name, "rollback", "non-finite gradient norm", evidence)
+        if self.skips_in_a_row >= self.cfg.escalate_after_skips:
+            # The gradient stays abnormal after skipped updates: the weights, not a batch, are bad.
+            step = trainer.state.step
+            evidence = {
+                "at_step": step,
+                "skipped_in_a_row": self.skips_in_a_row,
+                "onset": step - self.skips_in_a_row + 1,
+            }
+            return Action(self.name, "rollback", "updates skipped repeatedly", evidence)
+        if verdict is None:
+            return None
+        for step, loss in zip(verdict.steps, verdict.loss, strict=True):
+            if not math.isfinite(loss):
+                return Action(
+                    self.name, "rollback", "non-finite loss", {"at_step": step, "loss": loss, "onset": step}
+                )
+            if self.baseline is None:
+                self.baseline = loss
+            elif loss > self.cfg.divergence_factor * self.baseline:
+                self.above += 1
+                if self.above >= self.cfg.divergence_steps:
+                    onset = step - self.above + 1
+                    evidence = {"at_step": step, "loss": loss, "baseline": self.baseline, "onset": onset}
+                    return Action(self.name, "rollback", "loss diverged", evidence)
+            else:
+                self.above = 0
+                self.baseline += 0.1 * (loss - self.baseline)
+        if trainer.state.checkpointer is None:
+            self._snapshot(trainer, verdict)
+        return None
+
+    def _snapshot(self, trainer: Trainer, verdict: Verdict) -> None:
+        clean = verdict.alarms == 0 and self.above == 0 and trainer.state.healthy
+        if not clean:
+            self.pending = None
+            return
+        if self.pending is not None:
+            self.good, self.pending = self.pending, None
+        since = trainer.state.step - (self.good.step if self.good else 0)
+        if since >= self.cfg.snapshot_every:
+            self.pending = Snapshot.take(trainer)
+
+    def apply(self, trainer: Trainer, action: Action) -> None:
+        from_step = trainer.state.step
+        sampler_now = trainer.sampler.state_dict()
+        # The update of the step before the first abnormal one may be the culprit (its damage shows
+        # one step later), so a good state is at most onset - 2.
+        newest_ok = int(action.evidence["onset"]) - 2
+        checkpointer = trainer.state.checkpointer
+        if checkpointer is not None:
+            source = self._restore_checkpoint(trainer, checkpointer, newest_ok)
+        else:
+            if self.good is None or self.good.step > newest_ok:
+                raise HealingFailed(
+                    f"rollback needed but no snapshot from step {newest_ok} or earlier exists"
+                )
+            self.good.restore(trainer)
+            source = "memory"
+        trainer.sampler.load_state_dict(sampler_now)  # skip the offending batches
+        self.lr_scale *= self.cfg.lr_backoff
+        self._scale_lr(trainer)
+        self.nonfinite_at, self.above, self.pending, self.skips_in_a_row = None, 0, None, 0
+        self.rollbacks += 1
+        trainer.state.healthy = False
+        action.evidence.update(
+            from_step=from_step, to_step=trainer.state.step, lr_scale=self.lr_scale, source=source
+        )
+
+    @staticmethod
+    def _restore_checkpoint(trainer: Trainer, checkpointer: Checkpointer, newest_ok: int) -> str:
+        """Restore ``last-good``, then walk its parents until a version tagged last-good is old enough.
+
+        ``last-good`` is tagged by the checkpoint plugin when the verdict at save time was clean,
+        but a fault in the last steps before a save shows only after it: such a version is skipped.
+        """
+        ref: str | None = LAST_GOOD
+        try:
+            while ref is not None:
+                manifest = checkpointer.restore(trainer, ref)
+                if manifest["step"] <= newest_ok and LAST_GOOD in manifest.get("tags", ()):
+                    return f"checkpoint {manifest['version']}"
+                ref = manifest.get("parent")
+        except Exception as exc:
+            raise HealingFailed(f"rollback to last-good failed: {type(exc).__name__}: {exc}") from exc
+        raise HealingFailed(
+            f"rollback needed but no last-good checkpoint from step {newest_ok} or earlier exists"
+        )
+
+    def _scale_lr(self, trainer: Trainer) -> None:
+        """Base LRs × the cumulative backoff; the schedule's shape stays, its height drops."""
+        sched = trainer.scheduler
+        sched.base_lrs = [b * self.lr_scale for b in self.base_lrs]
+        lrs = [b * f(sched.last_epoch) for b, f in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+        for group, lr in zip(trainer.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        sched._last_lr = lrs

@@ -1,0 +1,110 @@
+"""Detectors: each flags injected spikes and NaNs and stays quiet on clean digits runs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sklearn.ensemble import IsolationForest
+from tests.conftest import small_config
+
+from vatra.config import MonitorConfig
+from vatra.engine import Trainer
+from vatra.monitor import Ensemble, JsonlWriter, TrainingFaults
+from vatra.monitor.iforest import PackedForest
+from vatra.monitor.zscore import RobustZ
+from vatra.rundir import RunDir, read_jsonl
+
+STEPS = 400
+GRAD_SPIKES = [180, 260, 340]
+LR_SPIKE = 300
+
+
+def _stream(tmp: Path, seed: int, **chaos: object) -> list[tuple[float, float]]:
+    """(loss, grad norm) per step of a real digits run (the digits example's model and optimizer)."""
+    cfg = small_config(
+        model={"hidden": [128, 128]},
+        train={"steps": STEPS, "batch_size": 32, "clip_grad_norm": 5.0},
+        optim={"name": "adamw", "lr": 0.003, "schedule": "cosine", "warmup_steps": 20},
+        run={"seed": seed},
+        chaos=dict(chaos),
+        monitor={"enabled": False},
+        heal={"enabled": False},
+    )
+    run_dir = RunDir(tmp / f"run-{seed}-{len(chaos)}").create()
+    plugins = [TrainingFaults(cfg.chaos)] if TrainingFaults.wanted(cfg.chaos) else []
+    Trainer.from_config(cfg, plugins=[*plugins, JsonlWriter(run_dir)], run_dir=run_dir).fit()
+    return [(r["loss"], r["grad_norm"]) for r in read_jsonl(run_dir.metrics)]
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[float, float]]]:
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("streams")
+    return {
+        "clean-0": _stream(tmp, 0),
+        "clean-1": _stream(tmp, 1),
+        "grad_spike": _stream(tmp, 2, grad_spike_at=GRAD_SPIKES),
+        "lr_spike": _stream(tmp, 3, lr_spike_at=[LR_SPIKE], lr_spike_steps=5),
+    }
+
+
+def _alarms(detector: str, stream: list[tuple[float, float]]) -> list[int]:
+    """Steps at which an ensemble of this one detector alarms; learned fits are awaited, not raced."""
+    ens = Ensemble(MonitorConfig(detectors=[detector], vote=1))
+    out = []
+    for step, (loss, grad_norm) in enumerate(stream, start=1):
+        if step == ens.cfg.warmup_steps + 1:
+            ens.close()  # wait for the background fit so the test does not depend on thread timing
+        if ens.observe(step, loss, grad_norm) is not None:
+            out.append(step)
+    ens.close()
+    return out
+
+
+@pytest.mark.parametrize("detector", ["zscore", "iforest", "autoencoder"])
+def test_detector_quiet_on_clean_runs_and_flags_spikes(detector: str, streams: dict) -> None:
+    for name in ("clean-0", "clean-1"):
+        assert _alarms(detector, streams[name]) == [], f"{detector} alarmed on clean run {name}"
+    flagged = _alarms(detector, streams["grad_spike"])
+    for s in GRAD_SPIKES:
+        assert s in flagged, f"{detector} missed the gradient spike at step {s}: {flagged}"
+    lr = _alarms(detector, streams["lr_spike"])
+    assert any(LR_SPIKE <= s <= LR_SPIKE + 5 for s in lr), f"{detector} missed the LR spike: {lr}"
+
+
+@pytest.mark.parametrize("detector", ["zscore", "iforest", "autoencoder"])
+def test_nan_is_always_an_alarm(detector: str, streams: dict) -> None:
+    ens = Ensemble(MonitorConfig(detectors=[detector], vote=1))
+    for step, (loss, grad_norm) in enumerate(streams["clean-0"][:50], start=1):
+        assert ens.observe(step, loss, grad_norm) is None  # warm-up: only non-finite values alarm
+    alarm = ens.observe(51, math.nan, 1.0)
+    assert alarm is not None and alarm.detectors == ["nonfinite"]
+    assert ens.observe(52, 0.5, math.inf) is not None
+
+
+def test_packed_forest_scores_like_scikit_learn() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 3))
+    forest = IsolationForest(n_estimators=50, max_samples=128, random_state=0).fit(x)
+    probe = np.vstack([rng.normal(size=(40, 3)), rng.normal(scale=4.0, size=(10, 3))])
+    # Same trees, same path lengths: equal up to float summation order.
+    np.testing.assert_allclose(
+        PackedForest.from_sklearn(forest).score(probe), -forest.score_samples(probe), rtol=1e-12
+    )
+
+
+def test_robust_z_follows_a_level_shift_but_not_a_spike() -> None:
+    z = RobustZ(alpha=0.05)
+    rng = np.random.default_rng(0)
+    for v in rng.normal(1.0, 0.1, size=200):
+        z.update(float(v))
+    assert z.z(100.0) > 100  # a spike is far out
+    z.update(100.0)
+    assert abs(z.center - 1.0) < 0.1  # ... and barely moves the baseline (winsorised update)
+    for v in rng.normal(2.0, 0.1, size=300):
+        z.update(float(v))
+    assert abs(z.z(2.0)) < 3  # a lasting shift becomes the new normal

@@ -1,0 +1,155 @@
+"""The checkpoint plugin in one process: exact resume, corrupt fallback, async, auto interval, protocol."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tests.conftest import small_config
+
+from vatra.config import Config
+from vatra.engine import Trainer
+from vatra.errors import ConfigError
+from vatra.monitor import JsonlWriter
+from vatra.resilience import LAST_GOOD, LATEST, CheckpointPlugin, open_store
+from vatra.rundir import RunDir, read_jsonl
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The tests share 2 cores with other work; intra-op threads only add contention at this size.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _cfg(**checkpoint: object) -> Config:
+    # dropout, AdamW and a cosine schedule: resume must restore RNG, optimizer moments and the LR.
+    return small_config(
+        model={"hidden": [32], "dropout": 0.1},
+        train={"steps": 20, "batch_size": 16},
+        optim={"name": "adamw", "lr": 0.01, "schedule": "cosine", "warmup_steps": 3},
+        checkpoint={"every_steps": 5, **checkpoint},
+    )
+
+
+def _fit(cfg: Config, run: Path) -> tuple[Trainer, CheckpointPlugin]:
+    rd = RunDir(run).create()
+    plugin = CheckpointPlugin(cfg, rd)
+    trainer = Trainer.from_config(cfg, plugins=[plugin, JsonlWriter(rd)], run_dir=rd)
+    trainer.fit()
+    return trainer, plugin
+
+
+def _weights(t: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in t.model.parameters()]
+
+
+def _events(run: Path, kind: str) -> list[dict]:
+    return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
+
+
+def test_resume_from_an_earlier_version_is_bitwise_exact(tmp_path: Path) -> None:
+    # Prepare: an uninterrupted run saves at 5, 10, 15, 20
+    cfg = _cfg()
+    ref, _ = _fit(cfg, tmp_path / "run")
+    store = open_store(cfg.store, tmp_path / "run" / "checkpoints")
+    assert [m["step"] for m in store.versions()] == [5, 10, 15, 20]
+    # Execute: roll back to step 10 and train again in a fresh process state
+    store.set_tag(LATEST, next(m["version"] for m in store.versions() if m["step"] == 10))
+    torch.manual_seed(12345)  # disturb the global RNG: the resume must restore it
+    resumed, _ = _fit(cfg, tmp_path / "run")
+    # Assert: same weights, bit for bit (CPU, one process: no tolerance needed)
+    assert resumed.state.step == 20
+    assert all(torch.equal(a, b) for a, b in zip(_weights(ref), _weights(resumed), strict=True))
+    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in lines] == list(range(1, 21)) + list(range(11, 21))
+    assert {m["attempt"] for m in lines[:20]} == {0} and {m["attempt"] for m in lines[20:]} == {1}
+    second = {m["step"]: m for m in lines[20:]}
+    assert all(second[m["step"]]["loss"] == m["loss"] for m in lines[10:20])
+    assert _events(tmp_path / "run", "resume")[0]["resumed_step"] == 10
+
+
+def test_corrupt_checkpoint_falls_back_to_parent(tmp_path: Path) -> None:
+    # Prepare: chaos damages the version written at step 20 (the newest)
+    cfg = _cfg()
+    cfg.chaos.corrupt_checkpoint_at = [20]
+    ref, _ = _fit(cfg, tmp_path / "run")
+    assert _events(tmp_path / "run", "chaos_corrupt")[0]["step"] == 20
+    # Execute: a re-launch in the same run folder
+    resumed, _ = _fit(cfg, tmp_path / "run")
+    # Assert: the damage is detected and logged, step 15 is used, training redoes 16..20 exactly
+    bad = _events(tmp_path / "run", "checkpoint_corrupt")
+    assert len(bad) == 1 and "checksum mismatch" in bad[0]["problem"]
+    assert _events(tmp_path / "run", "resume")[0]["resumed_step"] == 15
+    assert all(torch.equal(a, b) for a, b in zip(_weights(ref), _weights(resumed), strict=True))
+    assert len(_events(tmp_path / "run", "chaos_corrupt")) == 1  # fires once per run folder
+
+
+def test_async_save_matches_sync_and_blocks_less(tmp_path: Path) -> None:
+    sync, p_sync = _fit(_cfg(), tmp_path / "sync")
+    asyn, p_async = _fit(_cfg(**{"async": True}), tmp_path / "async")
+    assert all(torch.equal(a, b) for a, b in zip(_weights(sync), _weights(asyn), strict=True))
+    stores = [open_store(_cfg().store, tmp_path / r / "checkpoints") for r in ("sync", "async")]
+    a, b = (s.manifest(LATEST) for s in stores)
+    assert a["step"] == b["step"] == 20
+    # DCP files carry the same tensors: the same bytes, so the same content addresses
+    assert a["files"]["__0_0.distcp"]["sha256"] == b["files"]["__0_0.distcp"]["sha256"]
+    assert len(p_async.costs) == len(p_sync.costs) == 4
+
+
+def test_world_size_change_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = _cfg()
+    _fit(cfg, tmp_path / "run")
+    store = open_store(cfg.store, tmp_path / "run" / "checkpoints")
+    manifest = store.manifest(LATEST)
+    manifest["world_size"] = 4
+    store.backend.put(f"versions/{manifest['version']}.json", json.dumps(manifest).encode())
+    with pytest.raises(ConfigError, match=r"written by 4 rank\(s\) but this run has 1.*--nproc 4"):
+        _fit(cfg, tmp_path / "run")
+
+
+def test_auto_interval_follows_young_daly(tmp_path: Path) -> None:
+    # Prepare: a tiny MTBF so the interval is short enough to see several saves in 40 steps
+    cfg = _cfg(every_steps="auto", mtbf_s=0.5)
+    cfg.train.steps = 40
+    trainer, plugin = _fit(cfg, tmp_path / "run")
+    saves = [e["step"] for e in _events(tmp_path / "run", "checkpoint_saved")]
+    assert saves[0] == 10  # the first save measures the cost C
+    assert saves[-1] == 40 and all(b > a for a, b in itertools.pairwise(saves))
+    # Execute: the rule itself on known figures, C = 20 ms, 10 ms per step, MTBF 0.5 s
+    plugin.costs = [0.02]
+    trainer.state.step, trainer.state.train_time_s = 100, 1.0
+    # Assert: sqrt(2 · 0.5 s · 0.02 s) = 0.1414 s = 14 steps of 10 ms
+    assert plugin._next_save_step(trainer) == 100 + round(math.sqrt(2 * 0.5 * 0.02) / 0.01) == 114
+
+
+def test_checkpointer_protocol_for_other_plugins(tmp_path: Path) -> None:
+    # Prepare
+    cfg = _cfg(every_steps=0)
+    rd = RunDir(tmp_path / "run").create()
+    trainer = Trainer.from_config(cfg, plugins=[CheckpointPlugin(cfg, rd)], run_dir=rd)
+    trainer.plugins.on_fit_start(trainer)
+    ckpt = trainer.state.checkpointer
+    assert ckpt is not None
+    for _ in range(3):
+        trainer.train_step()
+    good = ckpt.save(trainer, tags=("manual",))
+    before = _weights(trainer)
+    trainer.state.healthy = False  # a detector is unhappy: this save must not become last-good
+    for _ in range(2):
+        trainer.train_step()
+    sick = ckpt.save(trainer)
+    # Execute
+    manifest = ckpt.restore(trainer, LAST_GOOD)
+    # Assert
+    store = open_store(cfg.store, rd.checkpoints)
+    assert manifest["version"] == good == store.resolve(LAST_GOOD) == store.resolve("manual")
+    assert store.resolve(LATEST) == sick
+    assert trainer.state.step == 3
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(trainer), strict=True))
