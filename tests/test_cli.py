@@ -56,6 +56,30 @@ def test_worker_runs_under_plain_torchrun(tmp_path: Path) -> None:
     check_run_folder(run, 12, 2)
 
 
+def test_two_nodes_rendezvous_like_torchrun(tmp_path: Path) -> None:
+    """Two elastic agents (one per "node", 1 process each) meet at a c10d rendezvous."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ["train", "examples/digits.toml", "--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    common += [
+        "--set",
+        "train.steps=20",
+        "--set",
+        f"run.out_dir={tmp_path}",
+        "--set",
+        "run.tensorboard=false",
+    ]
+    env_cmd = [sys.executable, "-m", "vatra", *common]
+    node1 = subprocess.Popen(
+        [*env_cmd, "--node-rank", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    node0 = run_vatra(*common, "--node-rank", "0")
+    _, err1 = node1.communicate(timeout=240)
+    assert node0.returncode == 0, node0.stderr[-2000:]
+    assert node1.returncode == 0, err1.decode()[-2000:]
+    (run,) = tmp_path.iterdir()  # rank 0 chose the run folder and shared it with every rank
+    check_run_folder(run, 20, 2)
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
