@@ -3,6 +3,7 @@
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
+from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._load import (
     Config,
     apply_overrides,
@@ -34,7 +35,9 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "PartitionConfig",
+    "PrivacyConfig",
     "RunConfig",
+    "SecureAggregationConfig",
     "Section",
     "StoreConfig",
     "TrainConfig",

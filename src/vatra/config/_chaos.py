@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from vatra.config._sections import Section
+
+
+class DropClientsAt(Section):
+    """Federated: ``count`` clients vanish at one secure-aggregation stage of one round."""
+
+    round: int = Field(ge=1, description="Federated round (1-based).")
+    stage: Literal["advertise", "share_keys", "masked_input", "unmask"] = Field(
+        description="Protocol stage whose message the dropped clients never send."
+    )
+    count: int = Field(ge=1, description="How many of the round's clients drop (the highest ids).")
 
 
 class ChaosConfig(Section):
@@ -23,3 +35,7 @@ class ChaosConfig(Section):
     lr_spike_steps: int = Field(10, ge=1, description="How many steps each LR spike lasts.")
     slow_rank: int | None = Field(None, ge=0, description="Rank that sleeps slow_rank_s every step.")
     slow_rank_s: float = Field(0.05, ge=0.0, description="Seconds slow_rank sleeps per step.")
+    # federated drop-outs (secure aggregation)
+    drop_clients_at: DropClientsAt | None = Field(
+        None, description="{round, stage, count}: clients that drop out mid-protocol in that round."
+    )

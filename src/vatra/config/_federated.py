@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._sections import Section
 
 SHIFTS = ("identity", "rot90", "rot180", "rot270", "invert", "low_contrast", "flip")
@@ -79,6 +80,8 @@ class FederatedConfig(Section):
     join_timeout_s: float = Field(120.0, gt=0.0, description="Deployment: wait this long for min_clients.")
     heartbeat_s: float = Field(2.0, gt=0.0, description="Deployment: client heartbeat period.")
     heartbeat_misses: int = Field(5, ge=1, description="Deployment: missed heartbeats before a drop-out.")
+    secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
 
     @model_validator(mode="after")
     def _check(self) -> FederatedConfig:

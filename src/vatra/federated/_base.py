@@ -165,3 +165,25 @@ class UploadHook:
 
     def combine(self, rnd: int, results: list[FitRes]) -> list[FitRes]:
         return results
+
+    # Server-side round hooks (secure aggregation and privacy use them; identity by default).
+    def wrap(self, executor: Any) -> Any:
+        """The client executor the server talks to (a hook may need a channel to the clients)."""
+        return executor
+
+    def allow_round(self, rnd: int) -> bool:
+        """False stops training before round ``rnd`` (a privacy budget)."""
+        return True
+
+    def round_metrics(self, rnd: int, metrics: dict[str, Any]) -> None:
+        """Add this round's facts (ε, secure-aggregation survivors, protocol bytes) to its metrics row."""
+
+    def resume(self, rows: list[dict[str, Any]]) -> None:
+        """Rebuild state (an accountant) from the metrics rows of a resumed run."""
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+    def client_plugins(self, model: Any) -> list[Any]:
+        """Engine plugins for a client's local training (DP-SGD)."""
+        return []

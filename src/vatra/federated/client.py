@@ -118,6 +118,7 @@ class LocalClient:
         plugins: list[Plugin] = []
         if mu > 0:
             plugins.append(ProximalTerm(mu, [p.detach().clone() for p in self.model.parameters()]))
+        plugins.extend(self.hook.client_plugins(self.model))
         sampler = ShardSampler(self.fed.shards[cid], self.cfg.train.batch_size, seed=seed)
         trainer = Trainer(
             local_cfg, self.model, self.fed.train_for(cid), None, self.fed.spec, sampler, plugins=plugins

@@ -104,6 +104,7 @@ class FederatedServer:
         logged = {m.get("round") for m in read_jsonl(self.run_dir.metrics)}
         if self.round not in logged:  # crashed between checkpoint and metrics line
             append_jsonl(self.run_dir.metrics, meta["metrics"])
+        self.hook.resume(read_jsonl(self.run_dir.metrics))
         self.run_dir.log_event("resumed", round=self.round + 1)
         self._say(f"vatra: resuming at round {self.round + 1}/{self.fcfg.rounds} from {self.checkpoint_path}")
         return True
@@ -144,6 +145,7 @@ class FederatedServer:
             if results
             else None,
         )
+        self.hook.round_metrics(rnd, metrics)
         return metrics
 
     def run(self) -> dict[str, Any]:
@@ -156,6 +158,8 @@ class FederatedServer:
             )
         while self.round < total:
             rnd = self.round + 1
+            if not self.hook.allow_round(rnd):
+                break
             metrics = self.run_round(rnd)
             self.round = rnd
             self._save(metrics)
@@ -199,4 +203,5 @@ class FederatedServer:
             "client_time_s": sum(m["client_time_s"] for m in ordered),
             "wall_s": wall_s,
             "weights_sha256": weights_digest(self.strategy.weights),
+            **self.hook.summary(ordered),
         }

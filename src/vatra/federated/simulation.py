@@ -20,6 +20,7 @@ from vatra.config import Config, config_from_dict, dump_toml
 from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient
 from vatra.federated.data import Federation, build_federation
+from vatra.federated.privacy import build_private_hook
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import WireError, check_update, decode_res, encode_ins, encode_res
 from vatra.rundir import RunDir
@@ -109,8 +110,10 @@ def simulate(
     run_dir.create()
     run_dir.config.write_text(dump_toml(cfg))
     fed = build_federation(cfg)
+    hook = hook or build_private_hook(cfg, run_dir)  # None unless secure aggregation or DP is on
     executor = SimulationExecutor(cfg, fed, hook)
+    clients = hook.wrap(executor) if hook is not None else executor
     try:
-        return FederatedServer(cfg, fed, run_dir, executor, hook=hook, progress=progress).run()
+        return FederatedServer(cfg, fed, run_dir, clients, hook=hook, progress=progress).run()
     finally:
         executor.close()

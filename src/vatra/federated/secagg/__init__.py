@@ -1,0 +1,20 @@
+"""Secure aggregation (Bonawitz et al. CCS'17; SecAgg+, Bell et al. CCS'20): the server learns the sum."""
+
+from __future__ import annotations
+
+from vatra.federated.secagg.channel import Channel, ClientParty, LocalParties, secure_sum
+from vatra.federated.secagg.crypto import SecAggError
+from vatra.federated.secagg.protocol import STAGES, Quantizer, RoundAborted, SecAggClient, SecAggServer
+
+__all__ = [
+    "STAGES",
+    "Channel",
+    "ClientParty",
+    "LocalParties",
+    "Quantizer",
+    "RoundAborted",
+    "SecAggClient",
+    "SecAggError",
+    "SecAggServer",
+    "secure_sum",
+]

@@ -1,0 +1,113 @@
+"""Driving one secure-aggregation round over a :class:`Channel`, and the clients' side of it.
+
+The server talks to clients only through ``Channel.exchange`` — one request per client and
+stage, a reply from each client still there — so the same driver runs against in-process
+parties (simulation, tests) and gRPC clients (deployment). A client that does not answer a
+stage has dropped out; :class:`vatra.federated.secagg.protocol.SecAggServer` decides whether the
+round survives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from vatra.config import SecureAggregationConfig
+from vatra.federated.secagg.crypto import SecAggError
+from vatra.federated.secagg.messages import pack, unpack
+from vatra.federated.secagg.protocol import STAGES, Msg, SecAggClient, SecAggServer
+
+
+class Channel(Protocol):
+    def exchange(self, stage: str, rnd: int, requests: dict[int, Msg]) -> dict[int, Msg]:
+        """Send each client its request; return the replies of those that answered."""
+        ...
+
+
+def secure_sum(server: SecAggServer, channel: Channel) -> np.ndarray:
+    """Run the four stages; Σ of the survivors' inputs mod 2^bits, or RoundAborted."""
+    rnd = server.rnd
+    replies = channel.exchange("advertise", rnd, server.advertise_requests())
+    replies = channel.exchange("share_keys", rnd, server.share_keys_requests(replies))
+    replies = channel.exchange("masked_input", rnd, server.masked_input_requests(replies))
+    replies = channel.exchange("unmask", rnd, server.unmask_requests(replies))
+    return server.finish(replies)
+
+
+InputFn = Callable[[int, int], np.ndarray]  # (client id, clients in the round) → words to mask
+
+
+class ClientParty:
+    """One client's protocol endpoint: answers a packed request with a packed reply."""
+
+    def __init__(self, cid: int, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
+        self.cid = cid
+        self.cfg = cfg
+        self.inputs = inputs
+        self.state: SecAggClient | None = None
+
+    def respond(self, blob: bytes) -> bytes:
+        """Raises SecAggError (e.g. a tampered share) — the client then leaves the round."""
+        stage, rnd, req = unpack(blob)
+        if stage == "advertise" or self.state is None or self.state.rnd != rnd:
+            self.state = SecAggClient(self.cid, rnd, self.cfg)
+        st = self.state
+        if stage == "advertise":
+            reply = st.advertise(req)
+        elif stage == "share_keys":
+            reply = st.share_keys(req)
+        elif stage == "masked_input":
+            reply = st.masked_input(req, self.inputs(self.cid, st.n1))
+        elif stage == "unmask":
+            reply = st.unmask(req)
+        else:
+            raise SecAggError(f"unknown stage {stage!r}")
+        return pack(stage, rnd, reply)
+
+
+class LocalParties:
+    """In-process clients behind a byte-counting channel, with chaos drop-outs per (round, stage).
+
+    ``drops[(rnd, stage)]`` are clients that vanish when that stage's request reaches them;
+    ``tamper`` may rewrite a packed request on its way (tests of authentication).
+    """
+
+    def __init__(self, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
+        self.cfg = cfg
+        self.inputs = inputs
+        self.parties: dict[int, ClientParty] = {}
+        self.drops: dict[tuple[int, str], set[int]] = {}
+        self.gone: set[int] = set()
+        self.rejected: dict[int, str] = {}
+        self.tamper: Callable[[str, int, Msg], Msg] | None = None
+        self.chaos: tuple[int, str, int] | None = None  # (round, stage, count): the highest ids drop
+        self.bytes_down = 0
+        self.bytes_up = 0
+
+    def exchange(self, stage: str, rnd: int, requests: dict[int, Msg]) -> dict[int, Msg]:
+        assert stage in STAGES
+        if stage == "advertise":
+            self.gone, self.rejected = set(), {}
+            if self.chaos is not None and self.chaos[0] == rnd:
+                self.drops[(rnd, self.chaos[1])] = set(sorted(requests)[-self.chaos[2] :])
+        self.gone |= self.drops.get((rnd, stage), set())
+        replies: dict[int, Msg] = {}
+        for cid, req in requests.items():
+            if cid in self.gone:
+                continue
+            if self.tamper is not None:
+                req = self.tamper(stage, cid, req)
+            blob = pack(stage, rnd, req)
+            self.bytes_down += len(blob)
+            party = self.parties.setdefault(cid, ClientParty(cid, self.cfg, self.inputs))
+            try:
+                out = party.respond(blob)
+            except SecAggError as err:
+                self.rejected[cid] = str(err)
+                self.gone.add(cid)
+                continue
+            self.bytes_up += len(out)
+            replies[cid] = unpack(out)[2]
+        return replies

@@ -1,0 +1,265 @@
+"""The four stages of Bonawitz et al. (CCS'17), as a client and a server state machine.
+
+::
+
+    stage          server → client u                     client u → server
+    advertise      round facts                           c_pk, s_pk (X25519)
+    share_keys     neighbours' public keys, t            Shamir shares of b_u, s_sk_u, sealed per neighbour
+    masked_input   ciphertexts addressed to u, U2 ∩ N(u)  y_u = q(x_u) + PRG(b_u) + Σ ±PRG(s_uv)  mod 2^bits
+    unmask         U3 (who sent y)                       shares of b_v (v ∈ U3) or s_sk_v (v ∉ U3, v ∈ U2)
+
+The server keeps going while at least t clients answer each stage, then removes the self-masks of
+the survivors and the pairwise masks of the drop-outs: it learns Σ_u x_u and nothing else. With
+fewer than t it raises :class:`RoundAborted`. ``secagg+`` (Bell et al., CCS'20) replaces "every
+other client" by the k neighbours of a random k-regular graph (a circulant graph over a random
+permutation), so a client's cost grows with k, not n. Messages are plain dicts (bytes, ints,
+numpy arrays), packed for the wire by :mod:`vatra.federated.secagg.messages`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vatra.config import SecureAggregationConfig
+from vatra.federated.secagg.crypto import (
+    SECRET_BYTES,
+    SecAggError,
+    agree,
+    bytes_int,
+    int_bytes,
+    new_keypair,
+    open_sealed,
+    prg,
+    reconstruct,
+    seal,
+    share,
+)
+
+STAGES = ("advertise", "share_keys", "masked_input", "unmask")
+Msg = dict[str, Any]
+
+
+class RoundAborted(RuntimeError):
+    """Fewer than t clients remained at some stage: no sum this round."""
+
+
+def threshold(cfg: SecureAggregationConfig, holders: int) -> int:
+    """t for a secret shared among ``holders`` clients (n in full mode, k + 1 in secagg+)."""
+    return cfg.threshold if cfg.threshold else math.ceil(2 * holders / 3)
+
+
+def neighbour_graph(clients: list[int], cfg: SecureAggregationConfig, seed: int) -> dict[int, list[int]]:
+    """N(u) for every client: all others (full) or a random k-regular circulant graph (secagg+)."""
+    n = len(clients)
+    k = min(cfg.neighbours, n - 1)
+    if cfg.mode == "full" or k >= n - 1:
+        return {u: [v for v in clients if v != u] for u in clients}
+    k -= k % 2  # circulant k-regular graphs need an even k
+    order = [clients[i] for i in np.random.default_rng(seed).permutation(n)]
+    graph: dict[int, list[int]] = {}
+    for i, u in enumerate(order):
+        graph[u] = sorted({order[(i + d) % n] for d in range(-k // 2, k // 2 + 1) if d})
+    return graph
+
+
+@dataclass
+class Quantizer:
+    """Fixed point: x ∈ [−clip, clip] of each of at most ``clients`` clients → words mod 2^bits.
+
+    The scale leaves one bit of headroom so the signed sum of all clients never wraps.
+    """
+
+    bits: int
+    clip: float
+    clients: int
+
+    @property
+    def scale(self) -> float:
+        return float((1 << (self.bits - 1)) - 1) / (self.clients * self.clip)
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        q = np.rint(np.clip(x.astype(np.float64), -self.clip, self.clip) * self.scale).astype(np.int64)
+        return q.astype(np.uint64) & np.uint64((1 << self.bits) - 1)
+
+    def decode_sum(self, words: np.ndarray) -> np.ndarray:
+        signed = words.astype(np.int64)
+        signed[signed >= (1 << (self.bits - 1))] -= 1 << self.bits
+        return signed.astype(np.float64) / self.scale
+
+    def max_error(self, clients: int) -> float:
+        """Worst absolute error of a decoded sum of ``clients`` vectors (round-to-nearest)."""
+        return 0.5 * clients / self.scale
+
+
+def _info(rnd: int, u: int, v: int, purpose: str) -> bytes:
+    a, b = min(u, v), max(u, v)
+    return f"vatra-secagg/{purpose}/round {rnd}/{a}-{b}".encode()
+
+
+@dataclass
+class SecAggClient:
+    """One client's side of one round; holds its secrets, never shows them to the server."""
+
+    cid: int
+    rnd: int
+    cfg: SecureAggregationConfig
+    c_sk: bytes = b""
+    s_sk: bytes = b""
+    b_seed: bytes = b""
+    keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # v → (c_pk, s_pk)
+    t: int = 0
+    n1: int = 0
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)  # v → (share of b_v, share of s_sk_v)
+    u2: list[int] = field(default_factory=list)
+
+    def advertise(self, req: Msg) -> Msg:
+        self.c_sk, c_pk = new_keypair()
+        self.s_sk, s_pk = new_keypair()
+        return {"c_pk": c_pk, "s_pk": s_pk}
+
+    def share_keys(self, req: Msg) -> Msg:
+        self.keys = {int(v): (k[0], k[1]) for v, k in req["keys"].items()}
+        self.t, self.n1 = int(req["t"]), int(req["n1"])
+        if self.cid in self.keys:
+            raise SecAggError(f"client {self.cid}: server listed the client among its own neighbours")
+        pks = [k for pair in self.keys.values() for k in pair]
+        if len(set(pks)) != len(pks):
+            raise SecAggError(f"client {self.cid}: duplicate public keys in the roster")
+        holders = sorted([*self.keys, self.cid])
+        if self.t > len(holders):
+            raise SecAggError(f"client {self.cid}: threshold {self.t} > {len(holders)} share holders")
+        self.b_seed = os.urandom(SECRET_BYTES)
+        sb = share(self.b_seed, [h + 1 for h in holders], self.t)
+        ss = share(self.s_sk, [h + 1 for h in holders], self.t)
+        self.held = {self.cid: (sb[self.cid + 1], ss[self.cid + 1])}
+        out = {}
+        for v in self.keys:
+            key = agree(self.c_sk, self.keys[v][0], _info(self.rnd, self.cid, v, "share"))
+            plain = int_bytes(sb[v + 1]) + int_bytes(ss[v + 1])
+            out[v] = seal(key, plain, f"{self.rnd}|{self.cid}|{v}".encode())
+        return {"ciphertexts": out}
+
+    def masked_input(self, req: Msg, x: np.ndarray) -> Msg:
+        """Mask the quantized words ``x`` (uint64, < 2^bits)."""
+        for u, blob in req["ciphertexts"].items():
+            u = int(u)
+            if u not in self.keys:
+                raise SecAggError(f"client {self.cid}: ciphertext from non-neighbour {u}")
+            key = agree(self.c_sk, self.keys[u][0], _info(self.rnd, u, self.cid, "share"))
+            plain = open_sealed(key, blob, f"{self.rnd}|{u}|{self.cid}".encode())
+            self.held[u] = (bytes_int(plain[:66]), bytes_int(plain[66:]))
+        self.u2 = sorted(int(v) for v in req["u2"])
+        if len(self.u2) + 1 < self.t:
+            raise SecAggError(f"client {self.cid}: only {len(self.u2)} neighbours left, threshold {self.t}")
+        bits = self.cfg.bits
+        y = (x + prg(self.b_seed, x.size, bits)) & np.uint64((1 << bits) - 1)
+        for v in self.u2:
+            seed = agree(self.s_sk, self.keys[v][1], _info(self.rnd, self.cid, v, "mask"))
+            m = prg(seed, x.size, bits)
+            y = (y + m) if self.cid < v else (y - m)
+            y &= np.uint64((1 << bits) - 1)
+        return {"y": y}
+
+    def unmask(self, req: Msg) -> Msg:
+        u3 = {int(v) for v in req["u3"]}
+        if len(u3) < self.t:
+            raise SecAggError(f"client {self.cid}: {len(u3)} survivors < threshold {self.t}; refusing")
+        if self.cid not in u3:
+            raise SecAggError(f"client {self.cid}: not in U3, nothing to reveal")
+        b_shares, s_shares = {}, {}
+        for v, (sb, ss) in self.held.items():
+            if v in u3:
+                b_shares[v] = sb  # v's input counts: reveal its self-mask share only
+            elif v in self.u2:
+                s_shares[v] = ss  # v dropped after masking set-up: reveal its mask key share only
+        return {"b_shares": b_shares, "s_shares": s_shares}
+
+
+@dataclass
+class SecAggServer:
+    """The server's side of one round: routes messages, counts survivors, unmasks the sum."""
+
+    rnd: int
+    cfg: SecureAggregationConfig
+    clients: list[int]
+    dim: int  # words per masked vector
+    seed: int = 0
+    keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    graph: dict[int, list[int]] = field(default_factory=dict)
+    t: int = 0
+    u2: list[int] = field(default_factory=list)
+    routed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    masked: dict[int, np.ndarray] = field(default_factory=dict)
+    survivors: dict[str, int] = field(default_factory=dict)  # stage → clients that answered
+
+    def _need(self, stage: str, got: int) -> None:
+        self.survivors[stage] = got
+        if got < self.t:
+            raise RoundAborted(f"round {self.rnd}: {got} client(s) answered {stage}, threshold t = {self.t}")
+
+    def advertise_requests(self) -> dict[int, Msg]:
+        full = neighbour_graph(self.clients, self.cfg, self.seed)
+        self.t = threshold(self.cfg, len(next(iter(full.values()))) + 1)
+        return {u: {"round": self.rnd, "dim": self.dim} for u in self.clients}
+
+    def share_keys_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
+        self._need("advertise", len(replies))
+        self.keys = {u: (r["c_pk"], r["s_pk"]) for u, r in replies.items()}
+        u1 = sorted(self.keys)
+        self.graph = neighbour_graph(u1, self.cfg, self.seed)
+        self.t = threshold(self.cfg, len(next(iter(self.graph.values()))) + 1)
+        return {u: {"keys": {v: self.keys[v] for v in self.graph[u]}, "t": self.t, "n1": len(u1)} for u in u1}
+
+    def masked_input_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
+        self._need("share_keys", len(replies))
+        self.u2 = sorted(replies)
+        inbox: dict[int, dict[int, bytes]] = {v: {} for v in self.u2}
+        for u, r in replies.items():
+            for v, blob in r["ciphertexts"].items():
+                v = int(v)
+                if v in inbox and v in self.graph[u]:
+                    inbox[v][u] = blob
+        self.routed = inbox
+        return {v: {"ciphertexts": inbox[v], "u2": sorted(inbox[v])} for v in self.u2}
+
+    def unmask_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
+        self._need("masked_input", len(replies))
+        mask = np.uint64((1 << self.cfg.bits) - 1)
+        for u, r in replies.items():
+            y = np.asarray(r["y"]).astype(np.uint64)
+            if y.shape != (self.dim,) or (y > mask).any():
+                raise RoundAborted(f"round {self.rnd}: client {u} sent a malformed masked vector")
+            self.masked[u] = y
+        u3 = sorted(self.masked)
+        return {u: {"u3": u3} for u in u3}
+
+    def finish(self, replies: dict[int, Msg]) -> np.ndarray:
+        """Σ_{u∈U3} x_u mod 2^bits, from the survivors' shares; raises RoundAborted below t."""
+        self._need("unmask", len(replies))
+        bits, mask = self.cfg.bits, np.uint64((1 << self.cfg.bits) - 1)
+        u3 = sorted(self.masked)
+        total = np.zeros(self.dim, dtype=np.uint64)
+        for y in self.masked.values():
+            total = (total + y) & mask
+        for v in self.u2:
+            kind = "b_shares" if v in self.masked else "s_shares"
+            pts = {u + 1: int(r[kind][v]) for u, r in replies.items() if v in r.get(kind, {})}
+            if len(pts) < self.t:
+                raise RoundAborted(
+                    f"round {self.rnd}: {len(pts)} share(s) of client {v}'s secret < t = {self.t}"
+                )
+            secret = reconstruct(pts, self.t)
+            if v in self.masked:
+                total = (total - prg(secret, self.dim, bits)) & mask
+                continue
+            for u in (w for w in self.graph[v] if w in self.masked):
+                seed = agree(secret, self.keys[u][1], _info(self.rnd, u, v, "mask"))
+                m = prg(seed, self.dim, bits)  # u added +m when u < v, −m otherwise
+                total = ((total - m) if u < v else (total + m)) & mask
+        self.survivors["summed"] = len(u3)
+        return total

@@ -1,0 +1,105 @@
+"""Secure aggregation protocol: exact sums under drop-outs, aborts below t, uniform masks, authentication."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from vatra.config import SecureAggregationConfig
+from vatra.federated.secagg import STAGES, LocalParties, Quantizer, RoundAborted, SecAggServer, secure_sum
+
+DIM = 16
+
+
+def _setup(n: int, mode: str = "full", k: int = 4, dim: int = DIM, seed: int = 0):
+    cfg = SecureAggregationConfig(enabled=True, mode=mode, neighbours=k)
+    rng = np.random.default_rng(seed)
+    xs = {c: rng.uniform(-1, 1, dim) for c in range(n)}
+    q = Quantizer(cfg.bits, cfg.clip, n)
+    parties = LocalParties(cfg, lambda cid, n1: Quantizer(cfg.bits, cfg.clip, n1).encode(xs[cid]))
+    server = SecAggServer(1, cfg, list(range(n)), dim, seed=seed)
+    return cfg, xs, q, parties, server
+
+
+# (n, stage) grid sampled so every n in 3…20 and every stage appears; each case tries 0…n−t drops
+GRID = [(n, STAGES[n % 4]) for n in range(3, 21)]
+
+
+@pytest.mark.parametrize(("n", "stage"), GRID)
+def test_sum_survives_up_to_n_minus_t_dropouts(n: int, stage: str) -> None:
+    t = math.ceil(2 * n / 3)
+    for drops in sorted({0, (n - t) // 2, n - t}):
+        _, xs, q, parties, server = _setup(n, seed=n * 100 + drops)
+        parties.drops[(1, stage)] = set(range(n - drops, n))
+        total = secure_sum(server, parties)
+        q = Quantizer(32, 1.0, len(server.keys))  # clients scale by the round's advertised count
+        # a client dropped before its masked input counts for nothing; at unmask its input is in
+        counted = [c for c in range(n) if c < n - drops or stage == "unmask"]
+        want = sum(xs[c] for c in counted)
+        np.testing.assert_allclose(q.decode_sum(total), want, atol=q.max_error(n), rtol=0)
+        assert server.survivors["summed"] == len(counted)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_one_dropout_too_many_aborts(stage: str) -> None:
+    n = 7
+    t = math.ceil(2 * n / 3)
+    _, _, _, parties, server = _setup(n)
+    parties.drops[(1, stage)] = set(range(n - (n - t + 1), n))
+    with pytest.raises(RoundAborted, match=f"threshold t = {t}"):
+        secure_sum(server, parties)
+
+
+@pytest.mark.parametrize("stage", ["share_keys", "masked_input", "unmask"])
+def test_secagg_plus_sparse_graph_sum(stage: str) -> None:
+    n, k = 20, 6
+    _, xs, q, parties, server = _setup(n, mode="secagg+", k=k, seed=3)
+    parties.drops[(1, stage)] = {2, 11}
+    total = secure_sum(server, parties)
+    assert all(len(v) == k for v in server.graph.values())
+    assert server.t == math.ceil(2 * (k + 1) / 3)
+    counted = [c for c in range(n) if c not in {2, 11} or stage == "unmask"]
+    np.testing.assert_allclose(q.decode_sum(total), sum(xs[c] for c in counted), atol=q.max_error(n), rtol=0)
+
+
+def test_masked_upload_looks_uniform_and_differs_from_plain() -> None:
+    n, dim = 5, 20_000
+    _, xs, _, parties, server = _setup(n, dim=dim)
+    seen: dict[int, np.ndarray] = {}
+    orig = server.unmask_requests
+
+    def spy(replies):  # what the server holds from each client: the masked words only
+        seen.update({c: r["y"] for c, r in replies.items()})
+        return orig(replies)
+
+    server.unmask_requests = spy  # type: ignore[method-assign]
+    secure_sum(server, parties)
+    y = seen[0]
+    plain = Quantizer(32, 1.0, n).encode(xs[0])
+    assert not np.array_equal(y, plain)
+    counts = np.bincount((y >> np.uint64(24)).astype(np.int64), minlength=256)  # top 8 bits
+    assert stats.chisquare(counts).pvalue > 1e-3  # uniform: fails only 1 in 1000 by chance
+    plain_counts = np.bincount((plain >> np.uint64(24)).astype(np.int64), minlength=256)
+    assert stats.chisquare(plain_counts).pvalue < 1e-6  # the unmasked update is far from uniform
+
+
+def test_tampered_share_ciphertext_is_rejected() -> None:
+    n = 5
+    _, xs, q, parties, server = _setup(n)
+
+    def flip(stage: str, cid: int, req: dict) -> dict:
+        if stage == "masked_input" and cid == 1:
+            src = next(iter(req["ciphertexts"]))
+            blob = bytearray(req["ciphertexts"][src])
+            blob[20] ^= 0x01
+            req = {**req, "ciphertexts": {**req["ciphertexts"], src: bytes(blob)}}
+        return req
+
+    parties.tamper = flip
+    total = secure_sum(server, parties)  # client 1 refuses the round; the others carry on
+    assert "failed authentication" in parties.rejected[1]
+    want = sum(xs[c] for c in range(n) if c != 1)
+    np.testing.assert_allclose(q.decode_sum(total), want, atol=q.max_error(n), rtol=0)
