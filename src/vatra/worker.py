@@ -13,8 +13,17 @@ from vatra.comm.plugin import CommPlugin
 from vatra.config import Config, dump_toml, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import VatraError
-from vatra.monitor import JsonlWriter, ProgressDisplay, TensorBoardWriter
+from vatra.monitor import (
+    JsonlWriter,
+    Monitor,
+    ProgressDisplay,
+    PrometheusExporter,
+    StepTracer,
+    TensorBoardWriter,
+    TrainingFaults,
+)
 from vatra.resilience import CheckpointPlugin, KillInjector
+from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id
 
 
@@ -26,9 +35,19 @@ def build_plugins(cfg: Config, run_dir: RunDir) -> list[Plugin]:
     so they record what the others added to the step's metrics.
     """
     plugins: list[Plugin] = []
+    if TrainingFaults.wanted(cfg.chaos):
+        plugins.append(TrainingFaults(cfg.chaos))
     if cfg.chaos.kill_at_steps:
         plugins.append(KillInjector(cfg.chaos, run_dir))
     plugins.append(CommPlugin(cfg.comm))
+    if cfg.monitor.enabled:
+        plugins.append(Monitor(cfg, run_dir))
+    if cfg.heal.enabled:
+        plugins.append(Healer(cfg))
+    if cfg.monitor.prometheus_port is not None:
+        plugins.append(PrometheusExporter(cfg.monitor))
+    if cfg.monitor.tracing:
+        plugins.append(StepTracer(cfg.monitor, run_dir.path))
     if cfg.checkpoint.enabled:
         plugins.append(CheckpointPlugin(cfg, run_dir))
     plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))

@@ -3,6 +3,7 @@
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
+from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._load import (
     Config,
@@ -32,7 +33,9 @@ __all__ = [
     "DistConfig",
     "ErasureConfig",
     "FederatedConfig",
+    "HealConfig",
     "ModelConfig",
+    "MonitorConfig",
     "OptimConfig",
     "PartitionConfig",
     "PrivacyConfig",

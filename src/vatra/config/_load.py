@@ -13,6 +13,7 @@ from vatra.config._chaos import ChaosConfig
 from vatra.config._resilience import CheckpointConfig, StoreConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig
+from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._sections import (
     DataConfig,
     DistConfig,
@@ -35,6 +36,8 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     dist: DistConfig = Field(default_factory=DistConfig)
     chaos: ChaosConfig = Field(default_factory=ChaosConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    heal: HealConfig = Field(default_factory=HealConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     comm: CommConfig = Field(default_factory=CommConfig)
