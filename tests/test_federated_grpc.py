@@ -144,7 +144,11 @@ def test_server_killed_and_restarted_resumes_at_the_right_round(tmp_path: Path, 
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     clients = [start_client(cfg, address, c, certs, slow_s=0.5, retry_s=120) for c in range(2)]
     # Execute: SIGKILL the server after two rounds, start it again on the same run folder.
-    _wait_for(lambda: len(read_jsonl(run / "metrics.jsonl")) >= 2, 180, "two rounds")
+    def two_rounds() -> bool:
+        assert first.poll() is None, f"server exited early: {first.stderr.read() if first.stderr else ''}"
+        return len(read_jsonl(run / "metrics.jsonl")) >= 2
+
+    _wait_for(two_rounds, 180, "two rounds")
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     done_before = len(read_jsonl(run / "metrics.jsonl"))

@@ -215,3 +215,28 @@ def test_partitions_unequal_sizes_and_feature_shift() -> None:
         build_strategy(
             small_config(federated={"strategy": "fedprox"}).federated, ParamLayout(("w",), ((1,),))
         )
+
+
+@pytest.mark.parametrize("method", ["fp16", "bf16", "topk", "qsgd"])
+def test_compressed_upload_round_trips_through_the_wire(method: str) -> None:
+    from vatra.federated.compression import build_upload_hook
+
+    cfg = small_config(federated={"compression": method}, comm={"ratio": 0.1, "min_numel": 16})
+    layout = ParamLayout(("w", "b"), ((40, 8), (8,)))
+    hook = build_upload_hook(cfg, layout)
+    update = np.random.default_rng(0).standard_normal(layout.size).astype(np.float32)
+    sent = hook.encode(_res(0, 5, update.copy()), None)  # type: ignore[arg-type]
+    blob = encode_res(sent)
+    got = hook.decode(decode_res(blob))
+    assert check_update(got, layout.size) is None
+    assert len(blob) < len(encode_res(_res(0, 5, update)))  # fewer bytes on the wire
+    np.testing.assert_array_equal(got.update[-8:], update[-8:])  # the small bias travels raw
+    if method == "fp16":
+        np.testing.assert_allclose(got.update, update, rtol=1e-3)
+    if method == "topk":  # exactly the 10% largest-magnitude weights survive
+        w = update[:320]
+        kept = np.flatnonzero(got.update[:320])
+        assert set(kept) == set(np.argsort(-np.abs(w))[:32])
+    sent.payload = {"0.0": np.zeros(3, np.float32)}  # a malformed payload is a wire error, not a crash
+    with pytest.raises(WireError):
+        hook.decode(sent)

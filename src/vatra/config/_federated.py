@@ -64,6 +64,9 @@ class FederatedConfig(Section):
         0.0, ge=0.0, description="adaptive: round duration beyond which slow clients are penalised; 0 = auto."
     )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    compression: Literal["none", "fp16", "bf16", "topk", "randomk", "onebit", "qsgd"] = Field(
+        "none", description="Client update compression with a vatra.comm compressor ([comm] ratio, levels)."
+    )
     workers: int = Field(2, ge=1, description="Simulation: client processes (a process pool).")
     step_time_s: float = Field(
         0.0,

@@ -54,6 +54,7 @@ class FitRes:
     num_samples: int  # aggregation weight
     update: np.ndarray  # flat float32: trained weights − sent weights
     metrics: dict[str, Any] = field(default_factory=dict)  # loss_before, loss_after, duration_s, model, ...
+    payload: dict[str, np.ndarray] = field(default_factory=dict)  # an encoded update (UploadHook) on the wire
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from vatra.config import Config
 from vatra.data import ShardSampler
 from vatra.engine import Plugin, Trainer, seed_everything
 from vatra.federated._base import FitIns, FitRes, UploadHook
+from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation
 from vatra.federated.evaluate import class_scores
 from vatra.federated.params import ParamLayout
@@ -75,8 +76,8 @@ class LocalClient:
     def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
         self.cfg = cfg
         self.fed = fed
-        self.hook = hook or UploadHook()
         self.model, self.layout, self.init = initial_weights(cfg, fed)
+        self.hook = hook or build_upload_hook(cfg, self.layout)
         self.speeds = client_speeds(cfg.run.seed, fed.num_clients, cfg.federated.speed_sigma)
 
     @torch.no_grad()

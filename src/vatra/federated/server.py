@@ -20,6 +20,7 @@ from vatra.config import Config
 from vatra.federated import build_selector, build_strategy
 from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import initial_weights
+from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation
 from vatra.federated.evaluate import Evaluator
 from vatra.federated.wire import WireError, decode, encode
@@ -46,6 +47,30 @@ def weights_digest(weights: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float32).tobytes()).hexdigest()
 
 
+class _RoundBar:
+    """A rich progress bar over rounds (terminals only; plain lines otherwise)."""
+
+    def __init__(self, total: int, done: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("[bold]federated"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("acc {task.fields[acc]}  worst {task.fields[worst]}  failed {task.fields[failed]}"),
+            TimeRemainingColumn(),
+        )
+        self.bar.start()
+        self.task = self.bar.add_task("rounds", total=total, completed=done, acc="-", worst="-", failed=0)
+
+    def update(self, rnd: int, m: dict[str, Any]) -> None:
+        acc, worst = f"{m['global_accuracy']:.4f}", f"{m['worst_client_accuracy']:.4f}"
+        self.bar.update(self.task, completed=rnd, acc=acc, worst=worst, failed=m["failures"])
+
+    def stop(self) -> None:
+        self.bar.stop()
+
+
 class FederatedServer:
     def __init__(
         self,
@@ -61,9 +86,9 @@ class FederatedServer:
         self.fcfg = cfg.federated
         self.run_dir = run_dir
         self.executor = executor
-        self.hook = hook or UploadHook()
         self.progress = progress
         model, layout, init = initial_weights(cfg, fed)
+        self.hook = hook or build_upload_hook(cfg, layout)
         self.evaluator = Evaluator(fed, model)
         self.strategy = build_strategy(self.fcfg, layout)
         self.selector = build_selector(self.fcfg, cfg.run.seed)
@@ -156,19 +181,28 @@ class FederatedServer:
                 f"vatra: federated {self.fcfg.strategy} on {self.fcfg.clients} clients, {total} rounds, "
                 f"selection {self.fcfg.selection}"
             )
-        while self.round < total:
-            rnd = self.round + 1
-            if not self.hook.allow_round(rnd):
-                break
-            metrics = self.run_round(rnd)
-            self.round = rnd
-            self._save(metrics)
-            append_jsonl(self.run_dir.metrics, metrics)
-            self._say(
-                f"round {rnd}/{total} global_acc {metrics['global_accuracy']:.4f} "
-                f"worst {metrics['worst_client_accuracy']:.4f} selected {len(metrics['selected'])} "
-                f"failed {metrics['failures']} {metrics['round_time_s']:.2f} s"
-            )
+        bar = _RoundBar(total, self.round) if self.progress and sys.stdout.isatty() else None
+        try:
+            while self.round < total:
+                rnd = self.round + 1
+                if not self.hook.allow_round(rnd):
+                    break
+                metrics = self.run_round(rnd)
+                self.round = rnd
+                self._save(metrics)
+                append_jsonl(self.run_dir.metrics, metrics)
+                line = (
+                    f"round {rnd}/{total} global_acc {metrics['global_accuracy']:.4f} "
+                    f"worst {metrics['worst_client_accuracy']:.4f} selected {len(metrics['selected'])} "
+                    f"failed {metrics['failures']} {metrics['round_time_s']:.2f} s"
+                )
+                if bar is not None:
+                    bar.update(rnd, metrics)
+                else:
+                    self._say(line)
+        finally:
+            if bar is not None:
+                bar.stop()
         summary = self.summary(time.perf_counter() - start)
         self.run_dir.write_summary(summary)
         self._say(

@@ -18,7 +18,8 @@ import torch
 
 from vatra.config import Config, config_from_dict, dump_toml
 from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
-from vatra.federated.client import LocalClient
+from vatra.federated.client import LocalClient, initial_weights
+from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation, build_federation
 from vatra.federated.privacy import build_private_hook
 from vatra.federated.server import FederatedServer
@@ -28,7 +29,7 @@ from vatra.rundir import RunDir
 _CLIENT: LocalClient | None = None  # one per worker process
 
 
-def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook) -> None:
+def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook | None) -> None:
     global _CLIENT
     torch.set_num_threads(1)
     cfg = config_from_dict(raw_cfg)
@@ -49,7 +50,7 @@ class SimulationExecutor:
     def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
         self.cfg = cfg
         self.fed = fed
-        self.hook = hook or UploadHook()
+        self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed)[1])
         self.personal: dict[int, np.ndarray] = {}
         self.workers = cfg.federated.workers
         self.pool: ProcessPoolExecutor | None = None

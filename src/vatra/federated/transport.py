@@ -30,7 +30,8 @@ from vatra.config import Config
 from vatra.errors import VatraError
 from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials, client_credentials
-from vatra.federated.client import LocalClient
+from vatra.federated.client import LocalClient, initial_weights
+from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation, build_federation
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
@@ -50,6 +51,14 @@ MAX_MESSAGE = 512 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.max_receive_message_length", MAX_MESSAGE),
+]
+# gRPC's default reconnect backoff grows to 120 s: a client that started before its server, or
+# outlived a server restart, would sit idle long after the server is back. Cap it at 2 s.
+CLIENT_OPTIONS = [
+    *GRPC_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 POLL_WAIT_S = 2.0
 
@@ -224,10 +233,10 @@ def serve(
     on_bound: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the federated server on ``address`` until ``federated.rounds`` are done."""
-    hook = hook or UploadHook()
     creds = ServerCredentials(certs)
     run_dir.create()
     fed = build_federation(cfg)
+    hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed)[1])
     hub = Hub(cfg, creds, run_dir, hook)
     server = grpc.server(ThreadPoolExecutor(max_workers=2 * cfg.federated.clients + 8), options=GRPC_OPTIONS)
     server.add_generic_rpc_handlers((hub.handler(),))
@@ -257,7 +266,7 @@ class RemoteServer:
 
     def __init__(self, target: str, ca: bytes, client_id: int, token: str) -> None:
         creds = grpc.ssl_channel_credentials(root_certificates=ca)
-        self.channel = grpc.secure_channel(target, creds, options=GRPC_OPTIONS)
+        self.channel = grpc.secure_channel(target, creds, options=CLIENT_OPTIONS)
         self.metadata = (("x-vatra-client", str(client_id)), ("x-vatra-token", token))
         self.calls = {
             m: self.channel.unary_unary(f"/{SERVICE}/{m}") for m in ("Join", "Heartbeat", "Poll", "Submit")

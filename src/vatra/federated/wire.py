@@ -66,7 +66,7 @@ def encode_res(res: FitRes) -> bytes:
         "num_samples": res.num_samples,
         "metrics": res.metrics,
     }
-    return encode(meta, {"update": res.update})
+    return encode(meta, {"update": res.update, **{f"payload.{k}": v for k, v in res.payload.items()}})
 
 
 def decode_res(blob: bytes) -> FitRes:
@@ -81,6 +81,7 @@ def decode_res(blob: bytes) -> FitRes:
             int(meta["num_samples"]),
             tensors["update"],
             dict(meta.get("metrics", {})),
+            {k.removeprefix("payload."): v for k, v in tensors.items() if k.startswith("payload.")},
         )
     except (KeyError, TypeError, ValueError) as err:
         raise WireError(f"fit result metadata is incomplete: {err}") from None
