@@ -34,7 +34,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _cfg(**federated: object) -> Config:
     base = {"local_steps": 2, "heartbeat_s": 0.5, "heartbeat_misses": 6, "round_deadline_s": 60}
-    return small_config(federated={**base, **federated})
+    return small_config(federated={**base, **federated}, monitor={"report": False})
 
 
 def _next_task(remote: RemoteServer) -> FitRes:

@@ -50,6 +50,7 @@ def test_simulation_writes_the_run_folder(tmp_path: Path) -> None:
     assert 0.0 <= rows[-1]["worst_client_accuracy"] <= rows[-1]["mean_client_accuracy"] <= 1.0
     assert json.loads((tmp_path / "summary.json").read_text())["weights_sha256"] == summary["weights_sha256"]
     assert (tmp_path / "config.toml").exists()
+    assert "global_accuracy" in (tmp_path / "report.html").read_text()  # the per-round curves
 
 
 def test_federate_cli_runs_and_reports_bad_config_in_one_line(
@@ -71,6 +72,7 @@ def test_same_seed_same_model_in_simulation_and_in_a_tls_deployment(tmp_path: Pa
     # Prepare: one config; a real gRPC server with TLS on loopback and two clients.
     cfg = small_config(
         federated={"clients": 2, "rounds": 3, "local_steps": 3, "workers": 2, "min_clients": 2},
+        monitor={"report": False},
     )
     generate(tmp_path / "certs", 2)
     # Execute: the simulation on a pool of 2 processes, then the deployment.

@@ -205,12 +205,23 @@ class FederatedServer:
                 bar.stop()
         summary = self.summary(time.perf_counter() - start)
         self.run_dir.write_summary(summary)
+        if self.cfg.monitor.report:
+            self._report(summary)
         self._say(
             f"done: {summary['rounds']} rounds, global accuracy {summary['global_accuracy']:.4f}, "
             f"worst client {summary['worst_client_accuracy']:.4f}, "
             f"rounds to {self.fcfg.target_accuracy:.0%}: {summary['rounds_to_target']}"
         )
         return summary
+
+    def _report(self, summary: dict[str, Any]) -> None:
+        """report.html with the per-round curves (``monitor.report``); a plotting error only logs."""
+        from vatra.monitor.report import write_report  # matplotlib: imported only when a report is made
+
+        try:
+            write_report(self.run_dir.path, summary=summary)
+        except Exception as err:  # the figures are already in metrics.jsonl and summary.json
+            self.run_dir.log_event("report_failed", error=f"{type(err).__name__}: {err}")
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """Final figures, read back from metrics.jsonl so a resumed run counts every round once."""
