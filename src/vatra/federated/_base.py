@@ -188,3 +188,7 @@ class UploadHook:
     def client_plugins(self, model: Any) -> list[Any]:
         """Engine plugins for a client's local training (DP-SGD)."""
         return []
+
+    def respond(self, blob: bytes) -> bytes:
+        """A deployed client's answer to a protocol message (secure-aggregation stages)."""
+        raise NotImplementedError(f"upload hook {self.name!r} answers no protocol messages")

@@ -33,6 +33,8 @@ from vatra.federated.certs import ServerCredentials, client_credentials
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation, build_federation
+from vatra.federated.privacy import build_private_hook
+from vatra.federated.secagg.deploy import secagg_reply
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
     WireError,
@@ -81,6 +83,8 @@ class Hub:
         self.bytes_down = 0
         self.bytes_up = 0
         self.done = False
+        self.stage_tasks: dict[int, bytes] = {}  # secure aggregation: this stage's request per client
+        self.stage_replies: dict[int, bytes | str] = {}
 
     # ------------------------------------------------------------ handlers
     def _auth(self, context: grpc.ServicerContext) -> int:
@@ -112,6 +116,8 @@ class Hub:
         deadline = time.monotonic() + POLL_WAIT_S
         with self.cond:
             while True:
+                if cid in self.stage_tasks and cid not in self.stage_replies:
+                    return self.stage_tasks[cid]
                 if cid in self.tasks and cid not in self.results and cid not in self.failures:
                     blob = self.tasks[cid]
                     self.bytes_down += len(blob)
@@ -153,12 +159,17 @@ class Hub:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         return encode({"kind": "accepted"})
 
+    def secagg(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        secagg_reply(self, self._auth(context), request, context)
+        return encode({"kind": "accepted"})
+
     def handler(self) -> grpc.GenericRpcHandler:
         methods: dict[str, Callable[[bytes, grpc.ServicerContext], bytes]] = {
             "Join": self.join,
             "Heartbeat": self.heartbeat,
             "Poll": self.poll,
             "Submit": self.submit,
+            "SecAgg": self.secagg,
         }
         return grpc.method_handlers_generic_handler(
             SERVICE, {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in methods.items()}
@@ -233,6 +244,7 @@ def serve(
     on_bound: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the federated server on ``address`` until ``federated.rounds`` are done."""
+    hook = hook or build_private_hook(cfg, run_dir)  # secure aggregation / DP, when configured
     creds = ServerCredentials(certs)
     run_dir.create()
     fed = build_federation(cfg)
@@ -253,7 +265,7 @@ def serve(
     if on_bound is not None:
         on_bound(port)
     try:
-        summary = FederatedServer(cfg, fed, run_dir, hub, hook=hook, progress=progress).run()
+        summary = FederatedServer(cfg, fed, run_dir, hook.wrap(hub), hook=hook, progress=progress).run()
         hub.finish()
         time.sleep(min(POLL_WAIT_S, cfg.federated.heartbeat_s) + 0.5)  # let polling clients hear "done"
         return summary
@@ -269,7 +281,7 @@ class RemoteServer:
         self.channel = grpc.secure_channel(target, creds, options=CLIENT_OPTIONS)
         self.metadata = (("x-vatra-client", str(client_id)), ("x-vatra-token", token))
         self.calls = {
-            m: self.channel.unary_unary(f"/{SERVICE}/{m}") for m in ("Join", "Heartbeat", "Poll", "Submit")
+            m: self.channel.unary_unary(f"/{SERVICE}/{m}") for m in ("Join", "Heartbeat", "Poll", "Submit", "SecAgg")
         }
 
     def call(self, method: str, payload: bytes = b"", timeout: float = 30.0) -> bytes:
@@ -300,7 +312,7 @@ def run_client(
     torch.set_num_threads(1)
     ca, token = client_credentials(certs, client_id)
     fed: Federation = build_federation(cfg)
-    local = LocalClient(cfg, fed, hook)
+    local = LocalClient(cfg, fed, hook or build_private_hook(cfg, device=True))
     remote = RemoteServer(target, ca, client_id, token)
     stop = threading.Event()
     personal: np.ndarray | None = None
@@ -333,6 +345,9 @@ def run_client(
                 if meta.get("kind") == "done":
                     say(f"done after {trained} round(s)")
                     return trained
+                if meta.get("kind") == "secagg":  # a secure-aggregation stage: answer it
+                    remote.call("SecAgg", local.hook.respond(blob))
+                    continue
                 if meta.get("kind") != "fit_ins":
                     continue
                 ins = decode_ins(blob)

@@ -33,15 +33,15 @@ class DPSGD(Plugin):
         self.gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))  # not the run seed
 
     def after_backward(self, trainer: Trainer) -> None:
-        params = [p for p in trainer.model.parameters() if p.requires_grad and p.grad_sample is not None]
-        batch = params[0].grad_sample.shape[0]
-        norms = torch.stack([p.grad_sample.reshape(batch, -1).norm(dim=1) for p in params]).norm(
-            dim=0
-        )  # (B,)
+        # opacus sets ``grad_sample`` (B, *p.shape) on every trainable parameter after backward
+        pairs = [(p, getattr(p, "grad_sample", None)) for p in trainer.model.parameters() if p.requires_grad]
+        samples = [(p, g) for p, g in pairs if g is not None]
+        batch = samples[0][1].shape[0]
+        norms = torch.stack([g.reshape(batch, -1).norm(dim=1) for _, g in samples]).norm(dim=0)  # (B,)
         factor = (self.clip / (norms + 1e-12)).clamp(max=1.0)  # (B,)
         with torch.no_grad():
-            for p in params:
-                g = torch.einsum("b,b...->...", factor, p.grad_sample)
-                g += torch.normal(0.0, self.z * self.clip, g.shape, generator=self.gen)
-                p.grad = g / batch
-                p.grad_sample = None
+            for p, g in samples:
+                total = torch.einsum("b,b...->...", factor, g)
+                total += torch.normal(0.0, self.z * self.clip, total.shape, generator=self.gen)
+                p.grad = total / batch
+                p.grad_sample = None  # type: ignore[attr-defined]

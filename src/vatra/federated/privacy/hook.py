@@ -21,7 +21,16 @@ from vatra.config import Config
 from vatra.errors import ConfigError
 from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
 from vatra.federated.privacy.accountant import Accountant
-from vatra.federated.secagg import LocalParties, Quantizer, RoundAborted, SecAggServer, secure_sum
+from vatra.federated.secagg import (
+    ClientParty,
+    LocalParties,
+    Quantizer,
+    RoundAborted,
+    SecAggServer,
+    secure_sum,
+)
+from vatra.federated.secagg.channel import CountingChannel
+from vatra.federated.secagg.deploy import HubChannel
 from vatra.federated.wire import encode_res
 from vatra.rundir import RunDir
 
@@ -36,8 +45,11 @@ def _secure_rng() -> np.random.Generator:
 class PrivateUpload(UploadHook):
     name = "private"
 
-    def __init__(self, cfg: Config, run_dir: RunDir | None = None) -> None:
+    def __init__(self, cfg: Config, run_dir: RunDir | None = None, *, device: bool = False) -> None:
         self.cfg = cfg
+        self.device = device  # a deployed client: keeps its update and answers the protocol itself
+        self.pending: FitRes | None = None
+        self.party: ClientParty | None = None
         self.sa = cfg.federated.secure_aggregation
         self.dp = cfg.federated.privacy
         self.run_dir = run_dir
@@ -64,10 +76,10 @@ class PrivateUpload(UploadHook):
         self._gsm: dict[int, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # sent to client processes: the config only
-        return {"cfg": self.cfg}
+        return {"cfg": self.cfg, "device": self.device}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["cfg"])  # type: ignore[misc]
+        self.__init__(state["cfg"], device=state["device"])  # type: ignore[misc]
 
     # ------------------------------------------------------------ client side
     @property
@@ -76,8 +88,10 @@ class PrivateUpload(UploadHook):
         return (fc.clients_per_round or fc.clients) / fc.clients
 
     def encode(self, res: FitRes, ins: FitIns) -> FitRes:
-        if self.dp.mode != "client":
-            return res
+        res = self._clip_and_noise(res, ins) if self.dp.mode == "client" else res
+        return self._keep_on_device(res) if self.sa.enabled and self.device else res
+
+    def _clip_and_noise(self, res: FitRes, ins: FitIns) -> FitRes:
         clip = float(ins.config.get("dp_clip_norm", self.dp.clip_norm))
         norm = float(np.linalg.norm(res.update.astype(np.float64)))
         update = res.update.astype(np.float64) * min(1.0, clip / max(norm, 1e-12))
@@ -86,6 +100,23 @@ class PrivateUpload(UploadHook):
             update += _secure_rng().normal(0.0, self.noise_std(clip) / math.sqrt(m), update.shape)
         res.update = update.astype(np.float32)
         res.metrics.update(update_norm=norm, dp_unclipped=int(norm <= clip))
+        return res
+
+    def _keep_on_device(self, res: FitRes) -> FitRes:
+        """Deployed client with secure aggregation: the update stays here; the upload says 'trained'."""
+        self.pending = res
+        self.party = ClientParty(res.client_id, self.sa, lambda cid, n1: self.input_words(res, n1))
+        return FitRes(res.client_id, res.round, res.num_samples, np.zeros(0, np.float32), res.metrics)
+
+    def respond(self, blob: bytes) -> bytes:
+        if self.party is None:
+            raise ConfigError("secure-aggregation message before any training on this client")
+        return self.party.respond_or_refuse(blob)
+
+    def decode(self, res: FitRes) -> FitRes:
+        """Server: a deployed client's 'trained' notice gets a zero placeholder (never its update)."""
+        if self.sa.enabled and res.update.size == 0 and self.channel is not None:
+            res.update = np.zeros(self.channel.expected, np.float32)
         return res
 
     def noise_std(self, clip: float) -> float:
@@ -153,7 +184,7 @@ class PrivateUpload(UploadHook):
                 "secagg_dropouts": len(cids) - survivors,
                 "secagg_aborted": False,
             }
-            if rejected := self.channel.parties.rejected:
+            if rejected := self.channel.link.rejected:
                 self._log("secagg_rejected", round=rnd, clients=rejected)
         else:
             total = np.sum([r.update.astype(np.float64) for r in results], axis=0)
@@ -182,9 +213,9 @@ class PrivateUpload(UploadHook):
     def round_metrics(self, rnd: int, metrics: dict[str, Any]) -> None:
         metrics.update(self.facts)
         if self.channel is not None and self.sa.enabled:
-            metrics["bytes_up"] += self.channel.parties.bytes_up
-            metrics["bytes_down"] += self.channel.parties.bytes_down
-            self.channel.parties.bytes_up = self.channel.parties.bytes_down = 0
+            metrics["bytes_up"] += self.channel.link.bytes_up
+            metrics["bytes_down"] += self.channel.link.bytes_down
+            self.channel.link.bytes_up = self.channel.link.bytes_down = 0
         if self.dp.mode == "client":
             metrics.update(epsilon=self.accountant.epsilon(), delta=self.dp.delta)
         elif self.dp.mode == "sample":
@@ -244,9 +275,13 @@ class PrivateExecutor:
         self.hook = hook
         self.expected = 0
         self.updates: dict[int, FitRes] = {}
-        self.parties = LocalParties(hook.sa, lambda cid, n1: hook.input_words(self.updates[cid], n1))
+        self.link: CountingChannel
+        if hasattr(inner, "stage_tasks"):  # the gRPC hub: clients answer over the network
+            self.link = HubChannel(inner)
+        else:  # simulation: this object plays the devices
+            self.link = LocalParties(hook.sa, lambda cid, n1: hook.input_words(self.updates[cid], n1))
         if (drop := hook.cfg.chaos.drop_clients_at) is not None:
-            self.parties.chaos = (drop.round, drop.stage, drop.count)  # the highest ids drop
+            self.link.chaos = (drop.round, drop.stage, drop.count)  # the highest ids drop
 
     def available(self) -> list[int]:
         return self.inner.available()
@@ -256,9 +291,9 @@ class PrivateExecutor:
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         for i in ins.values():
             i.config.update(self.hook.client_config(len(ins)))
-        results, failures, down, up = self.inner.fit(rnd, ins, expected)
         self.expected = expected
-        if not self.hook.sa.enabled:
+        results, failures, down, up = self.inner.fit(rnd, ins, expected)
+        if not self.hook.sa.enabled or isinstance(self.link, HubChannel):
             return results, failures, down, up
         self.updates = {r.client_id: r for r in results}
         meta = [
@@ -267,14 +302,16 @@ class PrivateExecutor:
         return meta, failures, down, sum(len(encode_res(m)) for m in meta)
 
     def exchange(self, stage: str, rnd: int, requests: dict[int, Any]) -> dict[int, Any]:
-        return self.parties.exchange(stage, rnd, requests)
+        return self.link.exchange(stage, rnd, requests)
 
     def close(self) -> None:
         self.inner.close()
 
 
-def build_private_hook(cfg: Config, run_dir: RunDir | None = None) -> PrivateUpload | None:
+def build_private_hook(
+    cfg: Config, run_dir: RunDir | None = None, *, device: bool = False
+) -> PrivateUpload | None:
     """The private upload path when secure aggregation or DP is on; None otherwise."""
     if cfg.federated.secure_aggregation.enabled or cfg.federated.privacy.mode != "none":
-        return PrivateUpload(cfg, run_dir)
+        return PrivateUpload(cfg, run_dir, device=device)
     return None

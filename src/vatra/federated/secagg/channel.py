@@ -49,7 +49,9 @@ class ClientParty:
         self.state: SecAggClient | None = None
 
     def respond(self, blob: bytes) -> bytes:
-        """Raises SecAggError (e.g. a tampered share) — the client then leaves the round."""
+        """Raises SecAggError (e.g. a tampered share) — the client then leaves the round.
+
+        ``respond_or_refuse`` turns that into a reply the server reads as a refusal."""
         stage, rnd, req = unpack(blob)
         if stage == "advertise" or self.state is None or self.state.rnd != rnd:
             self.state = SecAggClient(self.cid, rnd, self.cfg)
@@ -66,18 +68,22 @@ class ClientParty:
             raise SecAggError(f"unknown stage {stage!r}")
         return pack(stage, rnd, reply)
 
+    def respond_or_refuse(self, blob: bytes) -> bytes:
+        try:
+            return self.respond(blob)
+        except SecAggError as err:
+            stage, rnd, _ = unpack(blob)
+            return pack(stage, rnd, {"error": str(err)})
 
-class LocalParties:
-    """In-process clients behind a byte-counting channel, with chaos drop-outs per (round, stage).
 
-    ``drops[(rnd, stage)]`` are clients that vanish when that stage's request reaches them;
-    ``tamper`` may rewrite a packed request on its way (tests of authentication).
+class CountingChannel:
+    """Packs requests, counts bytes, applies chaos drop-outs; subclasses deliver the packed bytes.
+
+    ``drops[(rnd, stage)]`` are clients that vanish when that stage's request reaches them (a
+    client gone stays gone for the round); ``tamper`` may rewrite a request on its way (tests).
     """
 
-    def __init__(self, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
-        self.cfg = cfg
-        self.inputs = inputs
-        self.parties: dict[int, ClientParty] = {}
+    def __init__(self) -> None:
         self.drops: dict[tuple[int, str], set[int]] = {}
         self.gone: set[int] = set()
         self.rejected: dict[int, str] = {}
@@ -86,6 +92,10 @@ class LocalParties:
         self.bytes_down = 0
         self.bytes_up = 0
 
+    def deliver(self, stage: str, rnd: int, blobs: dict[int, bytes]) -> dict[int, bytes | str]:
+        """Packed replies of the clients that answered (a str: the client refused, and why)."""
+        raise NotImplementedError
+
     def exchange(self, stage: str, rnd: int, requests: dict[int, Msg]) -> dict[int, Msg]:
         assert stage in STAGES
         if stage == "advertise":
@@ -93,21 +103,45 @@ class LocalParties:
             if self.chaos is not None and self.chaos[0] == rnd:
                 self.drops[(rnd, self.chaos[1])] = set(sorted(requests)[-self.chaos[2] :])
         self.gone |= self.drops.get((rnd, stage), set())
-        replies: dict[int, Msg] = {}
+        blobs = {}
         for cid, req in requests.items():
             if cid in self.gone:
                 continue
             if self.tamper is not None:
                 req = self.tamper(stage, cid, req)
-            blob = pack(stage, rnd, req)
-            self.bytes_down += len(blob)
-            party = self.parties.setdefault(cid, ClientParty(cid, self.cfg, self.inputs))
-            try:
-                out = party.respond(blob)
-            except SecAggError as err:
-                self.rejected[cid] = str(err)
+            blobs[cid] = pack(stage, rnd, req)
+            self.bytes_down += len(blobs[cid])
+        replies: dict[int, Msg] = {}
+        for cid, out in self.deliver(stage, rnd, blobs).items():
+            if isinstance(out, str):
+                self.rejected[cid] = out
                 self.gone.add(cid)
                 continue
             self.bytes_up += len(out)
-            replies[cid] = unpack(out)[2]
+            got_stage, got_rnd, body = unpack(out)
+            if (got_stage, got_rnd) != (stage, rnd) or "error" in body:
+                self.rejected[cid] = str(body.get("error", f"reply for {got_stage} of round {got_rnd}"))
+                self.gone.add(cid)
+                continue
+            replies[cid] = body
         return replies
+
+
+class LocalParties(CountingChannel):
+    """In-process clients (simulation, tests)."""
+
+    def __init__(self, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.inputs = inputs
+        self.parties: dict[int, ClientParty] = {}
+
+    def deliver(self, stage: str, rnd: int, blobs: dict[int, bytes]) -> dict[int, bytes | str]:
+        out: dict[int, bytes | str] = {}
+        for cid, blob in blobs.items():
+            party = self.parties.setdefault(cid, ClientParty(cid, self.cfg, self.inputs))
+            try:
+                out[cid] = party.respond(blob)
+            except SecAggError as err:
+                out[cid] = str(err)
+        return out

@@ -6,6 +6,7 @@ GF(2^521 − 1), large enough for a 32-byte secret in one share.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 
@@ -59,7 +60,8 @@ def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:
 def prg(seed: bytes, n: int, bits: int) -> np.ndarray:
     """``n`` uniform words of ``bits`` bits (uint64) from a ChaCha20 keystream keyed by ``seed``."""
     enc = Cipher(algorithms.ChaCha20(seed, b"\x00" * 16), mode=None).encryptor()
-    words = np.frombuffer(enc.update(bytes(8 * n)), dtype="<u8").astype(np.uint64)
+    width = 4 if bits <= 32 else 8  # keystream bytes per word
+    words = np.frombuffer(enc.update(bytes(width * n)), dtype=f"<u{width}").astype(np.uint64)
     return words & np.uint64((1 << bits) - 1)
 
 
@@ -82,16 +84,24 @@ def reconstruct(shares: dict[int, int], t: int) -> bytes:
     """Lagrange interpolation at 0 from ``t`` shares {x: y}."""
     if len(shares) < t:
         raise SecAggError(f"{len(shares)} share(s), threshold {t}")
-    pts = list(shares.items())[:t]
-    secret = 0
-    for i, (xi, yi) in enumerate(pts):
+    pts = sorted(shares.items())[:t]
+    coeffs = _lagrange_at_zero(tuple(x for x, _ in pts))
+    secret = sum(y * c for (_, y), c in zip(pts, coeffs, strict=True)) % PRIME
+    return secret.to_bytes(SECRET_BYTES, "big")
+
+
+@functools.lru_cache(maxsize=64)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """ℓ_i(0) for the points ``xs``; cached: most secrets of a round share one set of holders."""
+    out = []
+    for i, xi in enumerate(xs):
         num, den = 1, 1
-        for j, (xj, _) in enumerate(pts):
+        for j, xj in enumerate(xs):
             if i != j:
                 num = num * (-xj) % PRIME
                 den = den * (xi - xj) % PRIME
-        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
-    return secret.to_bytes(SECRET_BYTES, "big")
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
 
 
 def int_bytes(v: int) -> bytes:
