@@ -143,6 +143,7 @@ def test_server_killed_and_restarted_resumes_at_the_right_round(tmp_path: Path, 
     cmd += ["--certs", str(certs), "--run-dir", str(run)]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     clients = [start_client(cfg, address, c, certs, slow_s=0.5, retry_s=120) for c in range(2)]
+
     # Execute: SIGKILL the server after two rounds, start it again on the same run folder.
     def two_rounds() -> bool:
         assert first.poll() is None, f"server exited early: {first.stderr.read() if first.stderr else ''}"

@@ -64,11 +64,13 @@ def server(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Run the federated server: select clients, collect updates, aggregate, checkpoint every round."""
+    from vatra.federated.certs import ServerCredentials
     from vatra.federated.transport import serve
 
     cfg = load_config(config, set_)
     if ":" not in address:
         raise ConfigError(f"--address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
+    ServerCredentials(certs)  # a missing or incomplete folder fails before a run folder is made
     rd = _run_dir(cfg.run.out_dir, cfg.run.name, run_dir)
     if not rd.config.exists():
         rd.config.write_text(dump_toml(cfg))

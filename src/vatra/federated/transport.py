@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from vatra.config import Config
-from vatra.errors import VatraError
+from vatra.errors import ConfigError, VatraError
 from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials, client_credentials
 from vatra.federated.client import LocalClient, initial_weights
@@ -281,7 +281,8 @@ class RemoteServer:
         self.channel = grpc.secure_channel(target, creds, options=CLIENT_OPTIONS)
         self.metadata = (("x-vatra-client", str(client_id)), ("x-vatra-token", token))
         self.calls = {
-            m: self.channel.unary_unary(f"/{SERVICE}/{m}") for m in ("Join", "Heartbeat", "Poll", "Submit", "SecAgg")
+            m: self.channel.unary_unary(f"/{SERVICE}/{m}")
+            for m in ("Join", "Heartbeat", "Poll", "Submit", "SecAgg")
         }
 
     def call(self, method: str, payload: bytes = b"", timeout: float = 30.0) -> bytes:
@@ -308,7 +309,7 @@ def run_client(
     ``slow_s`` sleeps before each upload (a slow device, for drills and tests).
     """
     if not 0 <= client_id < cfg.federated.clients:
-        raise VatraError(f"--client-id {client_id}: must be in [0, {cfg.federated.clients})")
+        raise ConfigError(f"--client-id {client_id}: must be in [0, {cfg.federated.clients})")
     torch.set_num_threads(1)
     ca, token = client_credentials(certs, client_id)
     fed: Federation = build_federation(cfg)
