@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import vatra.comm.ring as ring_module
 from vatra.comm import (
     ByteCounter,
     FlatTopology,
@@ -36,6 +37,7 @@ def _data(rank: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor
 def _worker(rank: int, max_world: int, rdzv_dir: str) -> None:
     """One spawn for every world size: ranks < W form a fresh default group of size W in turn."""
     torch.set_num_threads(1)
+    ring_module.PIECE_BYTES = 256  # large ring messages travel in pieces: make small tests use them too
     for world in range(2, max_world + 1):
         if rank < world:
             init = f"file://{rdzv_dir}/rdzv{world}"

@@ -7,6 +7,16 @@ import torch.distributed as dist
 
 from vatra.comm.topology import ByteCounter, Topology, nbytes, wait_all
 
+# One large message per direction on a gloo pair went at half the link rate both ways on the
+# shaped test cluster (1.7 s instead of 0.9 s to swap 10.8 MB at 100 Mbit/s); pieces of ≤ 4 MiB,
+# all posted at once, used both directions fully.
+PIECE_BYTES = 4 << 20
+
+
+def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
+    step = max(1, PIECE_BYTES // t.element_size())
+    return list(t.split(step)) if t.numel() else []
+
 
 def _exchange(
     send: torch.Tensor,
@@ -16,13 +26,12 @@ def _exchange(
     group: dist.ProcessGroup | None,
     counter: ByteCounter,
 ) -> None:
-    """Send to the right neighbour while receiving from the left one (both posted before waiting)."""
+    """Send to the right neighbour while receiving from the left one (all pieces posted before waiting)."""
     reqs: list[dist.Work | None] = []
-    if send.numel():
-        reqs.append(dist.isend(send, dst=right, group=group))
-        counter.add(nbytes(send))
-    if recv.numel():
-        reqs.append(dist.irecv(recv, src=left, group=group))
+    for piece in _pieces(send):
+        reqs.append(dist.isend(piece, dst=right, group=group))
+        counter.add(nbytes(piece))
+    reqs.extend(dist.irecv(piece, src=left, group=group) for piece in _pieces(recv))
     wait_all(reqs)
 
 

@@ -25,6 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TextIO
 
 from vatra.errors import ConfigError, VatraError
 
@@ -207,8 +208,9 @@ class Cluster:
             argv = argv + [a for k, v in flags.items() if k not in given for a in (k, v)]
         return ["ip", "netns", "exec", host.netns, *argv]
 
-    def run(self, argv: list[str], timeout: float | None = None) -> int:
-        """Run ``argv`` on every host at once, output prefixed ``[hI]``; returns the worst exit code.
+    def run(self, argv: list[str], timeout: float | None = None, log: Path | None = None) -> int:
+        """Run ``argv`` on every host at once, output prefixed ``[hI]`` (to ``log`` when given, else
+        stdout); returns the worst exit code.
 
         When a host fails, the others get 10 s to notice (their rendezvous breaks) and are then
         killed, so one failure never leaves the cluster running.
@@ -220,6 +222,8 @@ class Cluster:
         threads = str(max(1, (os.cpu_count() or 1) // total))
         procs: list[subprocess.Popen[str]] = []
         pumps: list[threading.Thread] = []
+        sink: TextIO = log.open("a", encoding="utf-8") if log is not None else sys.stdout
+        lock = threading.Lock()
         for h in self.hosts:
             env = {
                 **os.environ,
@@ -240,7 +244,7 @@ class Cluster:
                 start_new_session=True,
             )
             procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(proc, f"[h{h.index}] "), daemon=True)
+            pump = threading.Thread(target=_pump, args=(proc, f"[h{h.index}] ", sink, lock), daemon=True)
             pump.start()
             pumps.append(pump)
         try:
@@ -251,16 +255,19 @@ class Cluster:
                     os.killpg(proc.pid, signal.SIGKILL)
             for pump in pumps:
                 pump.join(timeout=5)
+            if sink is not sys.stdout:
+                sink.close()
         if any(c == 2 for c in codes):
             return 2
         return max((abs(c) for c in codes), default=0)
 
 
-def _pump(proc: subprocess.Popen[str], prefix: str) -> None:
+def _pump(proc: subprocess.Popen[str], prefix: str, sink: TextIO, lock: threading.Lock) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
-        sys.stdout.write(prefix + line)
-        sys.stdout.flush()
+        with lock:  # whole lines: hosts' output interleaves by line, never inside one
+            sink.write(prefix + line)
+            sink.flush()
 
 
 def _wait_all(procs: list[subprocess.Popen[str]], timeout: float | None) -> list[int]:
