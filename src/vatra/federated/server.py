@@ -209,7 +209,8 @@ class FederatedServer:
             self._report(summary)
         self._say(
             f"done: {summary['rounds']} rounds, global accuracy {summary['global_accuracy']:.4f}, "
-            f"mean client {summary['mean_client_accuracy']:.4f}, worst client {summary['worst_client_accuracy']:.4f}, "
+            f"mean client {summary['mean_client_accuracy']:.4f}, "
+            f"worst client {summary['worst_client_accuracy']:.4f}, "
             f"rounds to {self.fcfg.target_accuracy:.0%}: {summary['rounds_to_target']}"
         )
         return summary
