@@ -1,10 +1,12 @@
 """Recovery after kill -9 on the digits example (4 ranks): seconds from death to training again.
 
 Runs ``vatra train examples/digits.toml --nproc 4 --max-restarts 1`` with rank 1 SIGKILLed by
-``chaos.kill_at_steps`` R times, and once undisturbed (the baseline), and reads the ``recovered``
-events the run folders record: recovery_s (the agent noticing the death → the first completed step
-after the resume) and steps_lost (≤ checkpoint.every_steps by construction). The extra wall time
-of a killed run over the undisturbed one is the whole cost of the failure.
+``chaos.kill_at_steps`` R times, and once undisturbed (the baseline), and reads the events the run
+folders record: recovery_s (the dead rank's last completed step → the first completed step after
+the resume), split into phases (kill → the agent's failure report, which waits for the survivors
+to exit; report → the new attempt's first event; → its first completed step), and steps_lost
+(≤ checkpoint.every_steps by construction). The extra wall time of a killed run over the
+undisturbed one is the whole cost of the failure.
 
     .venv/bin/python bench/ckpt_recovery.py [--repeats 5] [--kill-at 100]
 """
@@ -65,9 +67,21 @@ def main() -> None:
             run = Path(tmp) / f"kill{i}"
             wall = train(run, "--set", f"chaos.kill_at_steps=[{args.kill_at}]", "--max-restarts", "1")
             (rec,) = events(run, "recovered")
+            (kill,) = events(run, "chaos_kill")
+            (dead,) = events(run, "worker_failed")
+            restart = events(run, "attempt_start")[-1]
             summary = json.loads((run / "summary.json").read_text())
+            # where the time goes: survivors exit → agent reports; new group starts; first step
+            phases = (
+                dead["time"] - kill["time"],
+                restart["time"] - dead["time"],
+                rec["time"] - restart["time"],
+            )
             runs.append(
                 {
+                    "kill_to_agent_report_s": phases[0],
+                    "report_to_new_attempt_s": phases[1],
+                    "new_attempt_to_first_step_s": phases[2],
                     "recovery_s": rec["recovery_s"],
                     "steps_lost": rec["steps_lost"],
                     "wall_s": wall,
@@ -76,12 +90,13 @@ def main() -> None:
                 }
             )
             rows.append(
-                [i, rec["recovery_s"], rec["steps_lost"], wall, wall - base_wall, summary["val_accuracy"]]
+                [i, rec["recovery_s"], *phases, rec["steps_lost"], wall - base_wall, summary["val_accuracy"]]
             )
     rec_med = statistics.median(r["recovery_s"] for r in runs)
     every = load_config(ROOT / "examples" / "digits.toml").checkpoint.every_steps
     lost_max = max(r["steps_lost"] for r in runs)
-    print_table(["run", "recovery s", "steps lost", "wall s", "extra wall s", "val acc"], rows)
+    heads = ["run", "recovery s", "kill→agent s", "agent→restart s", "restart→step s", "steps lost"]
+    print_table([*heads, "extra wall s", "val acc"], rows)
     print(f"undisturbed: wall {base_wall:.1f} s, val acc {base_summary['val_accuracy']:.4f}")
     print(
         f"median recovery {rec_med:.1f} s (target ≤ 15 s); max steps lost {lost_max} "

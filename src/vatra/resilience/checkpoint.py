@@ -71,6 +71,7 @@ class CheckpointPlugin(Plugin):
         self.progress: recovery.ProgressFile | None = None
         self.recovery: dict[str, Any] | None = None  # pending `recovered` event, logged after one step
         self.used_ids: set[str] = set()
+        self.host_buffers: snapshot.StateDict | None = None  # async: host copies reused across saves
 
     # ------------------------------------------------------------ lifecycle
     def on_fit_start(self, trainer: Trainer) -> None:
@@ -166,7 +167,8 @@ class CheckpointPlugin(Plugin):
         (folder / snapshot.rank_file(ctx.rank)).write_bytes(snapshot.rank_state(trainer))
         state = snapshot.model_optim_state(trainer)
         if self.cfg.async_:
-            state = snapshot.host_copy(state)  # NOTE: the only part of an async save the loop waits for
+            # NOTE: the only part of an async save the loop waits for; buffers reused from the last one
+            state = self.host_buffers = snapshot.host_copy(state, self.host_buffers)
         tags = (*tags, LAST_GOOD) if st.healthy else tags
         record = {
             k: v for k, v in (metrics or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)
@@ -326,7 +328,8 @@ class CheckpointPlugin(Plugin):
             "failed_step": failed_step,
             "steps_lost": lost,
             "failures": [{k: f.get(k) for k in ("rank", "exit_code", "signal", "step")} for f in failures],
-            "death_time": failures[0]["time"] if failures else None,
+            # the dead rank's last completed step (else the agent's report, up to a few seconds later)
+            "death_time": (failures[0].get("last_step_time") or failures[0]["time"]) if failures else None,
         }
         trainer.log_event(
             "resume", version=manifest["version"], resumed_step=manifest["step"], steps_lost=lost

@@ -9,7 +9,8 @@ A SIGKILLed worker cannot log its own death, so two witnesses record it:
   ``events.jsonl`` with that rank's last completed step from its progress file.
 
 After the restart, rank 0 of the new attempt reads these to log ``recovered`` (version resumed,
-steps lost, seconds from the agent noticing the death to the first completed step).
+steps lost, seconds from the dead rank's last completed step to the first completed step after
+the resume: an upper bound of the time since the death, by at most one step).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class _FailureRecorder(logging.Handler):
             signal=signal_name(exit_code),
             pid=pid,
             step=progress.get("step"),
+            last_step_time=progress.get("time"),  # the rank was alive then: death came after
             attempt=progress.get("attempt"),
             source="elastic agent",
         )

@@ -99,14 +99,22 @@ def model_optim_state(trainer: Trainer) -> StateDict:
     return {"model": msd, "optim": osd}
 
 
-def host_copy(obj: Any) -> Any:
-    """A copy in host memory that later training steps cannot change (the async save's only blocking work)."""
+def host_copy(obj: Any, into: Any = None) -> Any:
+    """A copy in host memory that later training steps cannot change (the async save's only blocking work).
+
+    ``into``: the previous copy of the same structure, whose buffers are reused (no allocation,
+    no page faults) — only safe once the save that used it has finished.
+    """
     if isinstance(obj, torch.Tensor):
+        if isinstance(into, torch.Tensor) and into.shape == obj.shape and into.dtype == obj.dtype:
+            return into.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
+        old = into if isinstance(into, dict) else {}
+        return {k: host_copy(v, old.get(k)) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(host_copy(v) for v in obj)
+        old_seq = into if isinstance(into, list | tuple) and len(into) == len(obj) else [None] * len(obj)
+        return type(obj)(host_copy(v, o) for v, o in zip(obj, old_seq, strict=True))
     return obj
 
 
