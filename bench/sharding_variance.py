@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _common import print_table, run_ranks, write_result
 
+from _common import print_table, run_ranks, write_result
 from vatra.config import config_from_dict
 from vatra.engine import DistContext, Plugin, Trainer
 
@@ -78,11 +78,17 @@ def worker(ctx: DistContext, strategy: str, seed: int, steps: int, target: float
     probe = VarianceProbe()
     Trainer.from_config(cfg, dist=ctx, plugins=[probe]).fit()
     hit = next((step for step, acc in probe.evals if acc >= target), None)
-    return {"grad_var": statistics.mean(probe.variances), "steps_to_target": hit, "final_acc": probe.evals[-1][1]}
+    return {
+        "grad_var": statistics.mean(probe.variances),
+        "steps_to_target": hit,
+        "final_acc": probe.evals[-1][1],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
@@ -93,7 +99,9 @@ def main() -> None:
         for strategy in STRATEGIES:
             r = run_ranks(worker, args.world, strategy, seed, args.steps, args.target)
             runs.append({"strategy": strategy, "seed": seed, **r})
-            print(f"seed {seed} {strategy:10s} var {r['grad_var']:.4g} steps→{args.target} {r['steps_to_target']}")
+            print(
+                f"seed {seed} {strategy:10s} var {r['grad_var']:.4g} steps→{args.target} {r['steps_to_target']}"
+            )
     rows, summary = [], {}
     for strategy in STRATEGIES:
         mine = [r for r in runs if r["strategy"] == strategy]

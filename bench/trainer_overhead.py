@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import torch
-from _common import print_table, run_ranks, write_result
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from _common import print_table, run_ranks, write_result
 from vatra.config import config_from_dict
 from vatra.data import ShardSampler, build_dataset, partition
 from vatra.engine import DistContext, Trainer, rank_seed, seed_everything
@@ -88,12 +88,16 @@ def worker(ctx: DistContext, steps: int, reps: int, tmp: str) -> dict:
         else:
             ours = vatra_trainer(ctx, cfg, train, spec, shard, run_dir)
             plain = plain_ddp(ctx, cfg, train, spec, shard)
-        rows.append({"rep": rep, "plain_samples_per_s": plain, "vatra_samples_per_s": ours, "ratio": ours / plain})
+        rows.append(
+            {"rep": rep, "plain_samples_per_s": plain, "vatra_samples_per_s": ours, "ratio": ours / plain}
+        )
     return {"rows": rows}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--reps", type=int, default=5)
@@ -110,7 +114,13 @@ def main() -> None:
     print(f"median ratio vatra/plain = {median:.3f} (target ≥ 0.97)")
     write_result(
         "trainer_overhead",
-        {"world": args.world, "steps": args.steps, "batch_per_rank": BATCH, "rows": rows, "median_ratio": median},
+        {
+            "world": args.world,
+            "steps": args.steps,
+            "batch_per_rank": BATCH,
+            "rows": rows,
+            "median_ratio": median,
+        },
     )
 
 
