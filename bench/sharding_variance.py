@@ -99,9 +99,8 @@ def main() -> None:
         for strategy in STRATEGIES:
             r = run_ranks(worker, args.world, strategy, seed, args.steps, args.target)
             runs.append({"strategy": strategy, "seed": seed, **r})
-            print(
-                f"seed {seed} {strategy:10s} var {r['grad_var']:.4g} steps→{args.target} {r['steps_to_target']}"
-            )
+            hit = r["steps_to_target"]
+            print(f"seed {seed} {strategy:10s} grad var {r['grad_var']:.4g} steps to {args.target}: {hit}")
     rows, summary = [], {}
     for strategy in STRATEGIES:
         mine = [r for r in runs if r["strategy"] == strategy]
