@@ -89,11 +89,20 @@ def secure_round(updates: list[np.ndarray], mode: str, k: int, drop: float) -> d
         server_s += time.perf_counter() - t0
         return out
 
-    # the driver of secure_sum, with the server's steps timed (packing is the channel's, i.e. the wire's)
-    replies = parties.exchange("advertise", 1, timed(server.advertise_requests))
-    replies = parties.exchange("share_keys", 1, timed(server.share_keys_requests, replies))
-    replies = parties.exchange("masked_input", 1, timed(server.masked_input_requests, replies))
-    replies = parties.exchange("unmask", 1, timed(server.unmask_requests, replies))
+    def exchange(stage: str, requests: dict[int, Any]) -> dict[int, Any]:
+        """The channel: the server's share is packing requests and unpacking replies."""
+        nonlocal server_s
+        before = sum(parties.client_s.values())
+        t0 = time.perf_counter()
+        replies = parties.exchange(stage, 1, requests)
+        server_s += time.perf_counter() - t0 - (sum(parties.client_s.values()) - before)
+        return replies
+
+    # the driver of secure_sum, with the server's steps timed
+    replies = exchange("advertise", timed(server.advertise_requests))
+    replies = exchange("share_keys", timed(server.share_keys_requests, replies))
+    replies = exchange("masked_input", timed(server.masked_input_requests, replies))
+    replies = exchange("unmask", timed(server.unmask_requests, replies))
     total = timed(server.finish, replies)
     survivors = range(n - dropped)
     q = Quantizer(cfg.bits, cfg.clip, n)

@@ -59,6 +59,11 @@ class PrivateUpload(UploadHook):
                 f"federated.strategy = {fc.strategy!r} needs every update; secure aggregation and "
                 f"client-level DP give the mean only — use one of {', '.join(LINEAR)}"
             )
+        if fc.compression != "none":
+            raise ConfigError(
+                f"federated.compression = {fc.compression!r} cannot be combined with secure aggregation or "
+                "privacy (masked words and clipped, noised updates are not compressed); set it to 'none'"
+            )
         if self.dp.mode == "sample" and cfg.train.grad_accum != 1:
             raise ConfigError("privacy.mode = 'sample' needs train.grad_accum = 1 (per-sample gradients)")
         m = fc.clients_per_round or fc.clients
