@@ -105,3 +105,21 @@ def test_sample_level_dp_sgd_via_opacus(tmp_path: Path) -> None:
     rows = read_jsonl(run.metrics)
     assert all(np.isfinite(r["epsilon"]) and r["epsilon"] > 0 for r in rows)
     assert rows[-1]["epsilon"] > rows[0]["epsilon"]
+
+
+def test_resumed_run_keeps_counting_epsilon(tmp_path: Path) -> None:
+    # Prepare: 2 DP rounds, then the same run folder asked for 4 rounds (a restarted server).
+    cfg = _dp_cfg(mode="client", noise_multiplier=2.0, clip_norm=0.5)
+    run = RunDir(tmp_path / "resume")
+    simulate(
+        cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"rounds": 2})}),
+        run,
+        progress=False,
+    )
+    # Execute
+    summary = simulate(cfg, run, progress=False)
+    # Assert: ε after 4 rounds counts all 4, as a fresh accountant does
+    ref = Accountant(1e-5)
+    ref.step(2.0, 0.5, 4)
+    assert summary["rounds"] == 4
+    assert summary["privacy"]["epsilon"] == pytest.approx(ref.epsilon(), rel=1e-9)
