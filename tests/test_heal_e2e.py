@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import run_vatra
+from tests.conftest import ROOT
 
 from vatra.rundir import read_jsonl
 
@@ -19,20 +22,35 @@ COMMON = [
 SPIKE = ["--set", "chaos.lr_spike_at=[130]", "--set", "chaos.lr_spike_steps=5"]
 
 
-def _train(run_dir: Path, *sets: str) -> dict:
-    result = run_vatra(
-        "train", "examples/digits.toml", "--run-dir", str(run_dir), *COMMON, *sets, timeout=300
+def _start(run_dir: Path, *sets: str) -> subprocess.Popen[str]:
+    args = ["train", "examples/digits.toml", "--run-dir", str(run_dir), *COMMON, *sets]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "vatra", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _summary(proc: subprocess.Popen[str], run_dir: Path) -> dict:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
     return json.loads((run_dir / "summary.json").read_text())
 
 
 def test_lr_spike_diverges_without_healing_and_recovers_with_it(tmp_path: Path) -> None:
-    # Prepare / Execute: the same run clean, with the spike and no healing, with the spike and healing
-    # (plus a slow rank 1, which healing must name).
-    clean = _train(tmp_path / "clean")
-    broken = _train(tmp_path / "off", *SPIKE, "--set", "heal.enabled=false")
-    healed = _train(tmp_path / "on", *SPIKE, "--set", "chaos.slow_rank=1", "--set", "chaos.slow_rank_s=0.03")
+    # Prepare / Execute: the same run clean, with the spike and no healing (these two side by side:
+    # each launch rendezvouses on its own free port), then with the spike and healing plus a slow
+    # rank 1, which healing must name.
+    clean_proc = _start(tmp_path / "clean")
+    broken_proc = _start(tmp_path / "off", *SPIKE, "--set", "heal.enabled=false")
+    clean = _summary(clean_proc, tmp_path / "clean")
+    broken = _summary(broken_proc, tmp_path / "off")
+    slow = ["--set", "chaos.slow_rank=1", "--set", "chaos.slow_rank_s=0.03"]
+    healed = _summary(_start(tmp_path / "on", *SPIKE, *slow), tmp_path / "on")
     # Assert: without healing the spike wrecks the model; with it, accuracy is back within 1 point.
     assert broken["val_accuracy"] < clean["val_accuracy"] - 0.10, (broken, clean)
     assert abs(healed["val_accuracy"] - clean["val_accuracy"]) <= 0.01, (healed, clean)
@@ -42,4 +60,4 @@ def test_lr_spike_diverges_without_healing_and_recovers_with_it(tmp_path: Path) 
     assert any(e["event"] == "anomaly" for e in events)
     stragglers = [e for e in events if e.get("action") == "straggler"]
     assert stragglers and stragglers[0]["evidence"]["rank"] == 1
-    assert clean.get("heal_actions", {}).get("rollback") is None  # no false rollbacks on the clean run
+    assert "rollback" not in clean.get("heal_actions", {})  # no false rollbacks on the clean run

@@ -58,13 +58,14 @@ def test_prometheus_serves_metrics_while_the_run_is_live(tmp_path: Path) -> None
 def test_tensorboard_files_hold_the_scalars(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cfg = small_config(monitor={"system_every": 5})
+    cfg = small_config(monitor={"system_every": 5, "module_grad_norms": True})
     run_dir = RunDir(tmp_path / "run").create()
     _run(tmp_path, [Monitor(cfg), TensorBoardWriter(run_dir)])
     acc = EventAccumulator(str(run_dir.tb))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "train/grad_norm", "train/compute_time_s", "train/cpu_percent"} <= tags
+    assert {"train/grad_norm/net.1", "train/grad_norm/net.3"} <= tags  # the MLP's two Linear layers
     assert len(acc.Scalars("train/loss")) == 40
 
 

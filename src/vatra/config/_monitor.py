@@ -28,7 +28,9 @@ class MonitorConfig(Section):
     )
     warmup_steps: int = Field(100, ge=10, description="Steps the detectors learn from before they may alarm.")
     refit_every: int = Field(
-        500, ge=0, description="Steps between refits of the learned detectors (background thread); 0 = never."
+        2000,
+        ge=0,
+        description="Clean steps between refits of the learned detectors (background thread); 0 = never.",
     )
     zscore_threshold: float = Field(
         10.0, gt=0.0, description="zscore: robust z (over EWMA and spread) above which a value is a spike."
@@ -41,7 +43,7 @@ class MonitorConfig(Section):
         4.0, ge=0.0, description="iforest: alarm above q + margin × (q − median) of those scores."
     )
     autoencoder_margin: float = Field(
-        20.0,
+        10.0,
         ge=0.0,
         description="autoencoder: the same margin for reconstruction errors (their tail is longer).",
     )

@@ -24,6 +24,7 @@ GAUGES = {
     "val_accuracy": ("vatra_val_accuracy", "Validation accuracy of the last evaluation"),
     "straggler_ratio": ("vatra_straggler_ratio", "Slowest rank's compute time over the other ranks' median"),
     "anomalies": ("vatra_anomalies", "Anomalies the detectors have reported so far"),
+    "comm_bytes": ("vatra_comm_bytes", "Gradient bytes this rank sent in the last step (comm plugin)"),
     "cpu_percent": ("vatra_process_cpu_percent", "Rank 0 process CPU use"),
     "rss_mb": ("vatra_process_rss_megabytes", "Rank 0 process resident memory"),
     "gpu_util_percent": ("vatra_gpu_utilization_percent", "Rank 0 GPU utilisation (NVML)"),

@@ -104,7 +104,8 @@ class Monitor(Plugin):
 
     def _gather_and_judge(self, trainer: Trainer, metrics: dict[str, Any]) -> Verdict:
         ctx = trainer.dist
-        mine = torch.tensor(self.rows, dtype=torch.float64)  # (k, C); every rank has the same k
+        # On the process group's device: NCCL moves CUDA tensors only (gloo takes either).
+        mine = torch.tensor(self.rows, dtype=torch.float64, device=ctx.device)  # (k, C); same k on every rank
         self.rows = []
         if ctx.distributed:
             parts = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.is_main else None
@@ -113,18 +114,19 @@ class Monitor(Plugin):
             parts = [mine]
         # Verdict vector: [alarms, slowest rank, straggler ratio, data share, k mean losses].
         k = len(mine)
-        box = torch.zeros(4 + k, dtype=torch.float64)
+        box = torch.zeros(4 + k, dtype=torch.float64, device=ctx.device)
         alarm_steps: list[int] = []
         if ctx.is_main:
             assert parts is not None
-            window = torch.stack(parts).numpy()  # (W, k, C)
+            window = torch.stack(parts).cpu().numpy()  # (W, k, C)
             box, alarm_steps = self._judge(trainer, window, metrics)
+            box = box.to(ctx.device)
         if ctx.distributed:
             dist.broadcast(box, src=0)
         v = box.tolist()
         return Verdict(
             step=metrics["step"],
-            steps=[int(s) for s in mine[:, 0].tolist()],
+            steps=[int(s) for s in mine[:, 0].tolist()],  # NOTE: a device sync on GPU, once per window
             loss=v[4:],
             alarms=int(v[0]),
             straggler_ratio=v[2],

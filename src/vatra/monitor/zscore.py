@@ -41,17 +41,26 @@ class RobustZ:
         self.min_count = min_count
         self.scale_floor = scale_floor
         self.center: float | None = None
-        self._scale: float | None = None  # cached until the next update
+        self._scale: float | None = None  # cached for `refresh` updates
+        self._since_scale = 0
+        self.refresh = 16
 
     @property
     def ready(self) -> bool:
         return len(self.residuals) >= self.min_count
 
     def scale(self) -> float:
-        if self._scale is None:
+        # Recomputed every `refresh` updates: the spread of 128 residuals moves slowly, and two
+        # order statistics per step would cost more than the rest of the monitor together.
+        if self._scale is None or self._since_scale >= self.refresh:
             r = np.fromiter(self.residuals, dtype=np.float64)
-            spread = float(np.quantile(np.abs(r - np.median(r)), self.quantile)) if len(r) else 0.0
+            spread = 0.0
+            if len(r):
+                dev = np.abs(r - np.partition(r, len(r) // 2)[len(r) // 2])  # |r − median|
+                k = min(len(dev) - 1, int(self.quantile * len(dev)))
+                spread = float(np.partition(dev, k)[k])
             self._scale = max(spread, self.scale_floor)
+            self._since_scale = 0
         return self._scale
 
     def z(self, value: float) -> float:
@@ -71,7 +80,9 @@ class RobustZ:
             r = min(max(r, -bound), bound)
         self.residuals.append(r)
         self.center += self.alpha * r
-        self._scale = None
+        self._since_scale += 1
+        if len(self.residuals) <= self.min_count:
+            self._scale = None  # still filling: keep the scale exact
 
 
 @register("zscore")
