@@ -1,0 +1,38 @@
+"""Shared by the comm benchmarks: train on the namespace cluster and read back what happened."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from vatra.launch.cluster import Cluster
+from vatra.rundir import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+# 5.4 M parameters: 64·2048 + 2048·2048 + 2048·512 + 512·10 weights (+ biases)
+MODEL = ["--set", "model.name=mlp", "--set", "model.hidden=[2048,2048,512]"]
+QUIET = ["--set", "run.progress=off", "--set", "run.tensorboard=false"]
+
+
+def train_on_cluster(cluster: Cluster, run_dir: Path, sets: list[str], timeout: float) -> dict[str, Any]:
+    """One ``vatra train`` across the cluster; metrics of rank 0 plus each host's link counters."""
+    before = cluster.link_bytes()
+    t0 = time.perf_counter()
+    argv = ["vatra", "train", str(ROOT / "examples/synthetic.toml"), "--run-dir", str(run_dir)]
+    argv += MODEL + QUIET + [a for s in sets for a in ("--set", s)]
+    code = cluster.run(argv, timeout=timeout, log=run_dir.parent / f"{run_dir.name}.log")
+    wall = time.perf_counter() - t0
+    after = cluster.link_bytes()
+    if code:
+        raise RuntimeError(f"training failed (exit {code}); see {run_dir.parent / (run_dir.name + '.log')}")
+    metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "step" in m]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tx = [after[h]["tx_bytes"] - before[h]["tx_bytes"] for h in after]
+    return {"metrics": metrics, "summary": summary, "wall_s": wall, "link_tx_bytes": tx}
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
