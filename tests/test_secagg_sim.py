@@ -14,7 +14,7 @@ from vatra.federated.wire import decode
 from vatra.rundir import RunDir, read_jsonl
 
 
-def _cfg(**sa):
+def _cfg(chaos: dict | None = None, **sa: object):
     return small_config(
         federated={
             "strategy": "fedavg",
@@ -26,7 +26,7 @@ def _cfg(**sa):
             "workers": 1,
             "secure_aggregation": {"enabled": bool(sa), **sa},
         },
-        chaos=sa.pop("chaos", {}) if "chaos" in sa else {},
+        chaos={"drop_clients_at": chaos},
     )
 
 
@@ -52,17 +52,13 @@ def test_secure_aggregation_matches_plain_fedavg(tmp_path: Path) -> None:
 
 
 def test_dropouts_survived_and_abort_keeps_the_model(tmp_path: Path) -> None:
-    ok = _cfg(enabled=True)
-    ok = ok.model_copy(update={"chaos": ok.chaos.model_copy(update={"drop_clients_at": None})})
-    raw = ok.model_dump(mode="json")
-    raw["chaos"]["drop_clients_at"] = {"round": 2, "stage": "masked_input", "count": 2}  # n − t = 2
-    from vatra.config import config_from_dict
-
-    summary = simulate(config_from_dict(raw), RunDir(tmp_path / "drop2"), progress=False)
+    # 6 clients, t = 4: two may vanish (n − t), three may not (n − t + 1)
+    two = _cfg({"round": 2, "stage": "masked_input", "count": 2}, enabled=True)
+    summary = simulate(two, RunDir(tmp_path / "drop2"), progress=False)
     assert summary["secure_aggregation"]["dropouts_survived"] == 2
-    raw["chaos"]["drop_clients_at"] = {"round": 2, "stage": "unmask", "count": 3}  # n − t + 1
     run = RunDir(tmp_path / "drop3")
-    summary = simulate(config_from_dict(raw), run, progress=False)
+    three = _cfg({"round": 2, "stage": "unmask", "count": 3}, enabled=True)
+    summary = simulate(three, run, progress=False)
     assert summary["secure_aggregation"]["rounds_aborted"] == 1
     rows = read_jsonl(run.metrics)
     assert rows[1]["secagg_aborted"] and rows[0]["global_accuracy"] == rows[1]["global_accuracy"]
