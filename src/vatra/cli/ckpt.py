@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,8 +14,10 @@ from rich.table import Table
 from vatra.cli.app import app
 from vatra.config import load_config
 from vatra.errors import ConfigError, VatraError
-from vatra.resilience import LATEST, CheckpointStore, open_store
 from vatra.rundir import RunDir
+
+if TYPE_CHECKING:
+    from vatra.resilience import CheckpointStore
 
 ckpt_app = typer.Typer(help="Inspect and manage a run's checkpoint store.", no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
@@ -24,6 +27,8 @@ RUN_DIR = typer.Argument(..., help="Run folder (runs/<run-id>).")
 
 def _store(run_dir: Path) -> CheckpointStore:
     """The store the run's own config.toml names (its store section)."""
+    from vatra.resilience import open_store  # torch: imported only by the ckpt commands
+
     rd = RunDir(run_dir)
     if not rd.config.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no config.toml); pass runs/<run-id>")
@@ -71,6 +76,8 @@ def ckpt_rollback(
     run_dir: Path = RUN_DIR, version: str = typer.Argument(..., help="Version id or tag to return to.")
 ) -> None:
     """Point 'latest' at VERSION (after verifying it): the next resume starts there."""
+    from vatra.resilience import LATEST
+
     store = _store(run_dir)
     target = store.resolve(version)
     problems = store.verify(target)

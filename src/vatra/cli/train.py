@@ -9,7 +9,6 @@ import typer
 from vatra.cli.app import app
 from vatra.config import dump_toml, load_config
 from vatra.errors import ConfigError
-from vatra.launch import LaunchSpec, launch_workers
 from vatra.rundir import RunDir, new_run_id
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
@@ -61,6 +60,8 @@ def train(
     cfg = load_config(config, set_)
     if nproc is not None:
         cfg.dist.nproc = nproc
+    from vatra.launch import LaunchSpec, launch_workers  # torch: imported once the config is valid
+
     spec = LaunchSpec(
         nproc=cfg.dist.nproc,
         nnodes=nnodes,

@@ -151,8 +151,9 @@ class Trainer:
             tf = time.perf_counter()
             data_time += tf - td
             # DDP all-reduces gradients on the last micro-batch only (no_sync before it).
-            defer = micro < accum - 1 and isinstance(self.module, DDP)
-            sync = self.module.no_sync() if defer else contextlib.nullcontext()
+            sync: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+            if micro < accum - 1 and isinstance(self.module, DDP):
+                sync = self.module.no_sync()
             with sync:
                 loss_sum += self.forward_backward(x, y, scale=1.0 / accum)
             fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
