@@ -147,7 +147,7 @@ class PrivateUpload(UploadHook):
         w = min(res.num_samples, self.sa.max_weight) if weighted else 1
         unit = self.sa.max_weight if weighted else 1
         body = Quantizer(self.sa.bits, self.sa.clip, clients).encode(res.update * (w / unit))
-        tail = np.array([w, int(res.metrics.get("dp_unclipped", 0))], dtype=np.uint64)
+        tail = np.array([w, int(res.metrics.get("dp_unclipped", 0))], dtype=np.uint32)
         return np.concatenate([body, tail])
 
     # ------------------------------------------------------------ server side

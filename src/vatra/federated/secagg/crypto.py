@@ -58,11 +58,10 @@ def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:
 
 # ------------------------------------------------------------------- PRG
 def prg(seed: bytes, n: int, bits: int) -> np.ndarray:
-    """``n`` uniform words of ``bits`` bits (uint64) from a ChaCha20 keystream keyed by ``seed``."""
+    """``n`` uniform words of ``bits`` ≤ 32 bits (uint32) from a ChaCha20 keystream keyed by ``seed``."""
     enc = Cipher(algorithms.ChaCha20(seed, b"\x00" * 16), mode=None).encryptor()
-    width = 4 if bits <= 32 else 8  # keystream bytes per word
-    words = np.frombuffer(enc.update(bytes(width * n)), dtype=f"<u{width}").astype(np.uint64)
-    return words & np.uint64((1 << bits) - 1)
+    words = np.frombuffer(enc.update(bytes(4 * n)), dtype="<u4")  # read-only view, no copy
+    return words if bits == 32 else words & np.uint32((1 << bits) - 1)
 
 
 # ---------------------------------------------------------------- Shamir

@@ -1,7 +1,7 @@
 """Secure-aggregation messages on the wire: safetensors blobs like every other federated message.
 
 Bytes travel hex-encoded in the JSON metadata, dicts keyed by client id as ``[[id, value], …]``,
-numpy arrays (masked vectors) as tensors — uint32 when the ring fits in 32 bits.
+numpy arrays (masked vectors, uint32 words) as tensors.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ def pack(stage: str, rnd: int, msg: dict[str, Any]) -> bytes:
             return {"$b": v.hex()}
         if isinstance(v, np.ndarray):
             name = f"t{len(tensors)}"
-            tensors[name] = (
-                v.astype(np.uint32) if v.dtype == np.uint64 and (v >> 32).max(initial=0) == 0 else v
-            )
+            tensors[name] = v
             return {"$t": name}
         if isinstance(v, dict):
             return {"$d": [[enc(k), enc(x)] for k, x in v.items()]}
@@ -46,7 +44,7 @@ def unpack(blob: bytes) -> tuple[str, int, dict[str, Any]]:
             if "$b" in v:
                 return bytes.fromhex(v["$b"])
             if "$t" in v:
-                return tensors[v["$t"]].astype(np.uint64)
+                return tensors[v["$t"]]
             if "$d" in v:
                 return {dec(k): dec(x) for k, x in v["$d"]}
             raise WireError("unknown tagged value in a secure-aggregation message")

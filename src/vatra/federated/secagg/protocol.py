@@ -84,7 +84,7 @@ class Quantizer:
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         q = np.rint(np.clip(x.astype(np.float64), -self.clip, self.clip) * self.scale).astype(np.int64)
-        return q.astype(np.uint64) & np.uint64((1 << self.bits) - 1)
+        return (q & ((1 << self.bits) - 1)).astype(np.uint32)  # two's complement mod 2^bits
 
     def decode_sum(self, words: np.ndarray) -> np.ndarray:
         signed = words.astype(np.int64)
@@ -145,7 +145,7 @@ class SecAggClient:
         return {"ciphertexts": out}
 
     def masked_input(self, req: Msg, x: np.ndarray) -> Msg:
-        """Mask the quantized words ``x`` (uint64, < 2^bits)."""
+        """Mask the quantized words ``x`` (uint32, < 2^bits); uint32 sums wrap mod 2^32 by themselves."""
         for u, blob in req["ciphertexts"].items():
             u = int(u)
             if u not in self.keys:
@@ -157,12 +157,13 @@ class SecAggClient:
         if len(self.u2) + 1 < self.t:
             raise SecAggError(f"client {self.cid}: only {len(self.u2)} neighbours left, threshold {self.t}")
         bits = self.cfg.bits
-        y = (x + prg(self.b_seed, x.size, bits)) & np.uint64((1 << bits) - 1)
+        mask = np.uint32((1 << bits) - 1)
+        y = (x.astype(np.uint32) + prg(self.b_seed, x.size, bits)) & mask
         for v in self.u2:
             seed = agree(self.s_sk, self.keys[v][1], _info(self.rnd, self.cid, v, "mask"))
             m = prg(seed, x.size, bits)
             y = (y + m) if self.cid < v else (y - m)
-            y &= np.uint64((1 << bits) - 1)
+            y &= mask
         return {"y": y}
 
     def unmask(self, req: Msg) -> Msg:
@@ -229,10 +230,10 @@ class SecAggServer:
 
     def unmask_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
         self._need("masked_input", len(replies))
-        mask = np.uint64((1 << self.cfg.bits) - 1)
+        mask = np.uint32((1 << self.cfg.bits) - 1)
         for u, r in replies.items():
-            y = np.asarray(r["y"]).astype(np.uint64)
-            if y.shape != (self.dim,) or (y > mask).any():
+            y = np.asarray(r["y"])
+            if y.dtype != np.uint32 or y.shape != (self.dim,) or (y > mask).any():
                 raise RoundAborted(f"round {self.rnd}: client {u} sent a malformed masked vector")
             self.masked[u] = y
         u3 = sorted(self.masked)
@@ -241,9 +242,9 @@ class SecAggServer:
     def finish(self, replies: dict[int, Msg]) -> np.ndarray:
         """Σ_{u∈U3} x_u mod 2^bits, from the survivors' shares; raises RoundAborted below t."""
         self._need("unmask", len(replies))
-        bits, mask = self.cfg.bits, np.uint64((1 << self.cfg.bits) - 1)
+        bits, mask = self.cfg.bits, np.uint32((1 << self.cfg.bits) - 1)
         u3 = sorted(self.masked)
-        total = np.zeros(self.dim, dtype=np.uint64)
+        total = np.zeros(self.dim, dtype=np.uint32)
         for y in self.masked.values():
             total = (total + y) & mask
         for v in self.u2:
