@@ -8,7 +8,7 @@ import typer
 
 from vatra.cli.app import app
 from vatra.config import dump_toml, load_config
-from vatra.errors import ConfigError
+from vatra.errors import ConfigError, VatraError
 from vatra.rundir import RunDir, new_run_id
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
@@ -75,10 +75,24 @@ def train(
     spec.launch_config()  # usage errors before anything is written
     multi_node = spec.nnodes != "1"
     if run_dir is None and multi_node:
-        worker_args = [str(config), *[a for s in set_ for a in ("--set", s)]]
-    else:
-        rd = RunDir(run_dir or Path(cfg.run.out_dir) / new_run_id(cfg.run.name)).create()
-        rd.config.write_text(dump_toml(cfg))
-        worker_args = [str(rd.config), "--run-dir", str(rd.path)]
-        print(f"vatra: run folder {rd.path}", flush=True)
-    launch_workers(spec, worker_args)
+        launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
+        return
+    rd = RunDir(run_dir or Path(cfg.run.out_dir) / new_run_id(cfg.run.name)).create()
+    rd.config.write_text(dump_toml(cfg))
+    print(f"vatra: run folder {rd.path}", flush=True)
+    try:
+        launch_workers(spec, [str(rd.config), "--run-dir", str(rd.path)])
+    except VatraError:
+        if cfg.monitor.report and rd.metrics.exists():
+            _report_after_failure(rd)
+        raise
+
+
+def _report_after_failure(rd: RunDir) -> None:
+    """The run failed for good: write report.html from what the workers logged (best effort)."""
+    from vatra.monitor.report import write_report  # matplotlib: only when a report is made
+
+    try:
+        write_report(rd.path)
+    except Exception as err:  # the workers' failure is the error to show, not this one
+        print(f"vatra: could not write the report: {type(err).__name__}: {err}", flush=True)

@@ -196,8 +196,6 @@ class Monitor(Plugin):
             write_report(self.run_dir.path, summary=summary)
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        # No report here: rendering takes seconds, and while rank 0 plots, its peers wait and the
+        # elastic agent cannot restart the group. `vatra train` writes it once the workers are gone.
         self._close()
-        if trainer.dist.is_main and self.cfg.report and self.run_dir is not None:
-            from vatra.monitor.report import write_report
-
-            write_report(self.run_dir.path)
