@@ -3,8 +3,6 @@
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
-from vatra.config._monitor import HealConfig, MonitorConfig
-from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._load import (
     Config,
     apply_overrides,
@@ -13,6 +11,8 @@ from vatra.config._load import (
     load_config,
     parse_override,
 )
+from vatra.config._monitor import HealConfig, MonitorConfig
+from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._resilience import CheckpointConfig, ErasureConfig, StoreConfig
 from vatra.config._sections import (
     DataConfig,
@@ -40,8 +40,8 @@ __all__ = [
     "PartitionConfig",
     "PrivacyConfig",
     "RunConfig",
-    "SecureAggregationConfig",
     "Section",
+    "SecureAggregationConfig",
     "StoreConfig",
     "TrainConfig",
     "apply_overrides",

@@ -10,10 +10,10 @@ import tomli_w
 from pydantic import Field, ValidationError
 
 from vatra.config._chaos import ChaosConfig
-from vatra.config._resilience import CheckpointConfig, StoreConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
+from vatra.config._resilience import CheckpointConfig, StoreConfig
 from vatra.config._sections import (
     DataConfig,
     DistConfig,
@@ -38,9 +38,9 @@ class Config(Section):
     chaos: ChaosConfig = Field(default_factory=ChaosConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     heal: HealConfig = Field(default_factory=HealConfig)
+    comm: CommConfig = Field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
-    comm: CommConfig = Field(default_factory=CommConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
 
 

@@ -44,6 +44,9 @@ class Detector:
     """
 
     name: ClassVar[str] = ""
+    # True when ``learn`` leaves ``score`` unchanged until the next ``ready`` check (a fitted model
+    # swapped in between windows): the ensemble may then score a whole window in one call.
+    window_scoring: ClassVar[bool] = False
 
     def __init__(self, cfg: MonitorConfig, n_features: int) -> None:
         self.cfg = cfg
@@ -56,6 +59,10 @@ class Detector:
     def score(self, x: np.ndarray) -> float:
         """Anomaly score of one finite feature vector ``x`` of shape (F,)."""
         raise NotImplementedError
+
+    def score_many(self, x: np.ndarray) -> np.ndarray:
+        """Scores of the rows of ``x`` (n, F); detectors with ``window_scoring`` do it in one call."""
+        return np.array([self.score(row) for row in x], dtype=np.float64)
 
     def threshold(self) -> float:
         """Scores above this alarm."""

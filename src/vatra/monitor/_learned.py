@@ -23,6 +23,8 @@ class LearnedDetector(Detector):
     thread finishes (so the detector is not ready until its first fit is done).
     """
 
+    window_scoring = True  # the model only changes at a `ready` check (see `_swap`)
+
     def __init__(self, cfg: MonitorConfig, n_features: int) -> None:
         super().__init__(cfg, n_features)
         self.buffer: deque[np.ndarray] = deque(maxlen=MAX_TRAIN_ROWS)
@@ -59,7 +61,10 @@ class LearnedDetector(Detector):
         return self.model is not None
 
     def score(self, x: np.ndarray) -> float:
-        return float(self._score(self.model, x[None, :])[0])
+        return float(self.score_many(x[None, :])[0])
+
+    def score_many(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self._score(self.model, x), dtype=np.float64)
 
     def threshold(self) -> float:
         return self._threshold

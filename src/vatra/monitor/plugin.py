@@ -143,11 +143,12 @@ class Monitor(Plugin):
         loss_mean = window[:, :, col["loss"]].mean(axis=0)  # (k,)
         alarm_steps: list[int] = []
         assert self.ensemble is not None
-        for j in range(window.shape[1]):
-            step = int(window[0, j, col["step"]])
-            alarm = self.ensemble.observe(step, float(loss_mean[j]), float(window[0, j, col["grad_norm"]]))
+        steps = [int(s) for s in window[0, :, col["step"]]]
+        grad_norms = window[0, :, col["grad_norm"]].tolist()  # global norm: identical on every rank
+        verdicts = self.ensemble.observe_window(steps, loss_mean.tolist(), grad_norms)
+        for j, alarm in enumerate(verdicts):
             if alarm is not None:
-                alarm_steps.append(step)
+                alarm_steps.append(alarm.step)
                 self._log_alarm(trainer, alarm, window[:, j, col["loss"]].tolist())
         compute = window[:, :, col["compute_time_s"]].mean(axis=1)  # (W,) per rank over the window
         step_time = window[:, :, col["step_time_s"]].mean(axis=1)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from typing import IO, TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
-from vatra.rundir import RunDir, append_jsonl
+from vatra.rundir import RunDir
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
@@ -16,14 +17,30 @@ class JsonlWriter(Plugin):
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
+        self.file: IO[str] | None = None
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        if trainer.dist.is_main:
-            append_jsonl(self.run_dir.metrics, metrics)
+        if not trainer.dist.is_main:
+            return
+        if self.file is None:
+            # Kept open for the run (an open/close per line cost ~0.1 ms a step); each line is
+            # flushed, so a crashed process leaves every line it finished.
+            self.file = self.run_dir.metrics.open("a", encoding="utf-8")
+        self.file.write(json.dumps(metrics, default=float) + "\n")
+        self.file.flush()
+
+    def _close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        self._close()
         if trainer.dist.is_main:
             self.run_dir.write_summary(summary)
+
+    def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        self._close()
 
 
 class TensorBoardWriter(Plugin):
