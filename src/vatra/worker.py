@@ -52,7 +52,7 @@ def build_plugins(cfg: Config, run_dir: RunDir) -> list[Plugin]:
         plugins.append(CheckpointPlugin(cfg, run_dir))
     plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))
     if cfg.run.tensorboard:
-        plugins.append(TensorBoardWriter(run_dir))
+        plugins.append(TensorBoardWriter(run_dir, every=cfg.run.tb_every))
     plugins.append(JsonlWriter(run_dir))
     return plugins
 

@@ -22,6 +22,9 @@ class RunConfig(Section):
         "auto", description="Rank 0's progress display: rich bar on a terminal, plain lines otherwise."
     )
     tensorboard: bool = Field(True, description="Write TensorBoard scalars to <run>/tb.")
+    tb_every: int = Field(
+        10, ge=1, description="Per-step scalars go to TensorBoard every N steps (metrics.jsonl has all)."
+    )
 
 
 class DataConfig(Section):
