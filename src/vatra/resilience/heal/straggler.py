@@ -17,19 +17,24 @@ class Straggler(Policy):
     """Logs the slow rank once when it starts to straggle and once when it recovers.
 
     In synchronous training a slow rank makes every step slow; naming it is the action (the
-    balancing that would move work away from it belongs to a later feature).
+    balancing that would move work away from it belongs to a later feature). A rank is named only
+    when it is the slow one in two windows in a row: one slow window is what start-up (allocator,
+    DDP's bucket rebuild) or a descheduled process on a busy machine looks like.
     """
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.current: int | None = None
+        self.suspect: int | None = None  # slowest rank of the previous window, if it was slow
 
     def on_step_end(self, trainer: Trainer, verdict: Verdict | None) -> Action | None:
         if verdict is None or trainer.dist.world_size < 2:
             return None
         slow = verdict.straggler_ratio > self.cfg.straggler_ratio
+        confirmed = slow and self.suspect == verdict.slowest_rank
+        self.suspect = verdict.slowest_rank if slow else None
         evidence = {"rank": verdict.slowest_rank, "ratio_to_median": verdict.straggler_ratio}
-        if slow and self.current != verdict.slowest_rank:
+        if confirmed and self.current != verdict.slowest_rank:
             self.current = verdict.slowest_rank
             reason = (
                 f"rank {verdict.slowest_rank} computes {verdict.straggler_ratio:.1f}× the median rank's time"
