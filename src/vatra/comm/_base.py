@@ -91,3 +91,27 @@ def build_compressor(cfg: CommConfig) -> Compressor:
             + ", ".join(compressor_names())
         ) from None
     return cls.from_config(cfg)
+
+
+class SparseCompressor(Compressor):
+    """Sends ⌈ratio·n⌉ chosen elements as (int32 index, value) pairs; subclasses choose which."""
+
+    def __init__(self, ratio: float = 0.01) -> None:
+        self.ratio = ratio
+
+    @classmethod
+    def from_config(cls, cfg: CommConfig) -> Compressor:
+        return cls(cfg.ratio)
+
+    def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        """Indices of the ``k`` elements of ``flat`` (1-D) to send."""
+        raise NotImplementedError
+
+    def compress(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
+        flat = tensor.reshape(-1)
+        indices = self.select(flat, keep_count(flat.numel(), self.ratio))
+        return [indices.to(torch.int32), flat[indices]], Ctx(tensor.shape, tensor.dtype)
+
+    def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
+        indices, values = payload
+        return scatter_sparse(values, indices, ctx)

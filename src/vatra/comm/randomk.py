@@ -8,28 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload, keep_count, register, scatter_sparse
-from vatra.config._comm import CommConfig
+from vatra.comm._base import SparseCompressor, register
 
 
 @register
-class RandomK(Compressor):
+class RandomK(SparseCompressor):
     name = "randomk"
 
-    def __init__(self, ratio: float = 0.01) -> None:
-        self.ratio = ratio
-
-    @classmethod
-    def from_config(cls, cfg: CommConfig) -> Compressor:
-        return cls(cfg.ratio)
-
-    def compress(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
-        flat = tensor.reshape(-1)
-        n = flat.numel()
-        k = keep_count(n, self.ratio)
-        indices = torch.randperm(n, device=flat.device)[:k]
-        return [indices.to(torch.int32), flat[indices]], Ctx(tensor.shape, tensor.dtype)
-
-    def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
-        indices, values = payload
-        return scatter_sparse(values, indices, ctx)
+    def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.randperm(flat.numel(), device=flat.device)[:k]
