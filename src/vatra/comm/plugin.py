@@ -22,37 +22,52 @@ class CommPlugin(Plugin):
     """Adds ``comm_bytes`` (bytes this rank sent for gradients this step) and ``comm_time_s`` to
     each step's metrics and the run's total ``comm_bytes`` to the summary.
 
-    Without a process group (one rank) nothing is sent and both figures are 0.
+    Without a process group (one rank) nothing is sent and both figures are 0. With
+    ``method = "none"`` on the flat topology no hook is registered: DDP's built-in all-reduce
+    overlaps communication with backward, which a Python hook would give up. Its bytes are the
+    same ring formula the flat topology counts, 2·(W−1)/W of the gradient bytes per step; its time
+    is inside ``fwd_bwd_time_s``, so ``comm_time_s`` is not reported then.
     """
 
     def __init__(self, cfg: CommConfig, hosts: list[list[int]] | None = None) -> None:
         self.cfg = cfg
         self.hosts = hosts  # explicit host layout (tests); None = ask the elastic agents
         self.state: HookState | PowerSGDHookState | None = None
+        self.builtin_bytes: int | None = None  # per step, when DDP's own all-reduce runs
         self.total_bytes = 0
 
     def on_fit_start(self, trainer: Trainer) -> None:
         if not isinstance(trainer.module, DDP):
             return
         counter = ByteCounter()
+        topology_name = "flat"  # powersgd runs torch's own collectives
         if self.cfg.method == "powersgd":
             self.state = PowerSGDHookState(self.cfg, counter, seed=trainer.cfg.run.seed)
             trainer.module.register_comm_hook(self.state, powersgd_hook)
         else:
+            topology = build_topology(self.cfg.topology, counter, self.hosts)
+            topology_name = topology.name
+            if self.cfg.method == "none" and topology_name == "flat":
+                w = trainer.dist.world_size
+                grad_bytes = sum(
+                    p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad
+                )
+                self.builtin_bytes = 2 * (w - 1) * grad_bytes // w
+                trainer.log_event("comm", method="none", topology="flat", hook="ddp-builtin")
+                return
             compressor = build_compressor(self.cfg)
             use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
             memory = Memory() if use_memory else NoMemory()
             self.state = HookState(
                 compressor=compressor,
                 memory=memory,
-                topology=build_topology(self.cfg.topology, counter, self.hosts),
+                topology=topology,
                 start_step=self.cfg.start_step,
                 min_numel=self.cfg.min_numel,
                 bucket_bytes=int(self.cfg.bucket_mb * 2**20),
             )
             trainer.module.register_comm_hook(self.state, compression_hook)
-        topology = getattr(getattr(self.state, "topology", None), "name", "flat")
-        trainer.log_event("comm", method=self.cfg.method, topology=topology)
+        trainer.log_event("comm", method=self.cfg.method, topology=topology_name)
 
     def on_step_start(self, trainer: Trainer) -> None:
         if self.state is not None:
@@ -61,6 +76,10 @@ class CommPlugin(Plugin):
             self.state.comm_time_s = 0.0
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if self.builtin_bytes is not None:
+            self.total_bytes += self.builtin_bytes
+            metrics["comm_bytes"] = self.builtin_bytes
+            return
         sent = self.state.counter.sent if self.state is not None else 0
         self.total_bytes += sent
         metrics["comm_bytes"] = sent
