@@ -103,3 +103,33 @@ def test_tampered_share_ciphertext_is_rejected() -> None:
     assert "failed authentication" in parties.rejected[1]
     want = sum(xs[c] for c in range(n) if c != 1)
     np.testing.assert_allclose(q.decode_sum(total), want, atol=q.max_error(n), rtol=0)
+
+
+@pytest.mark.parametrize(("prg", "bits"), [("chacha20", 32), ("aes-ctr", 20), ("chacha20", 17)])
+def test_sum_with_either_prg_and_a_smaller_ring(prg: str, bits: int) -> None:
+    n, dim = 9, 500
+    cfg = SecureAggregationConfig(enabled=True, prg=prg, bits=bits)
+    rng = np.random.default_rng(bits)
+    xs = {c: rng.uniform(-1, 1, dim) for c in range(n)}
+    parties = LocalParties(cfg, lambda cid, n1: Quantizer(bits, cfg.clip, n1).encode(xs[cid]))
+    parties.drops[(1, "masked_input")] = {7, 8}  # the server rebuilds their pairwise masks
+    total = secure_sum(SecAggServer(1, cfg, list(range(n)), dim, seed=5), parties)
+    assert total.dtype == np.uint32 and int(total.max()) < 2**bits
+    q = Quantizer(bits, cfg.clip, n)
+    np.testing.assert_allclose(q.decode_sum(total), sum(xs[c] for c in range(7)), atol=q.max_error(n), rtol=0)
+
+
+def test_corrupt_revealed_share_aborts_the_round_cleanly() -> None:
+    n = 6
+    _, _, _, parties, server = _setup(n)
+
+    orig = server.finish
+
+    def tampered(replies):  # every survivor's share of client 0's self-mask seed is garbage
+        for r in replies.values():
+            r["b_shares"][0] = b"\xff" * 33
+        return orig(replies)
+
+    server.finish = tampered  # type: ignore[method-assign]
+    with pytest.raises(RoundAborted, match="client 0's secret"):
+        secure_sum(server, parties)

@@ -26,6 +26,10 @@ class SecureAggregationConfig(Section):
         8, ge=2, description="secagg+: neighbours k per client (even; raised to n−1 when the round is small)."
     )
     bits: int = Field(32, ge=16, le=32, description="Ring size 2^bits of the masked sums (fixed point).")
+    prg: Literal["aes-ctr", "chacha20"] = Field(
+        "aes-ctr",
+        description="Mask expansion: AES-256-CTR (fastest with AES-NI) or ChaCha20 (fastest without).",
+    )
     clip: float = Field(
         1.0, gt=0.0, description="Each update coordinate is clipped to [−clip, clip] before quantization."
     )

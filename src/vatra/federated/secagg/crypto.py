@@ -1,27 +1,29 @@
-"""Primitives of secure aggregation: X25519 + HKDF, ChaCha20-Poly1305, a ChaCha20 PRG, Shamir sharing.
+"""Primitives of secure aggregation: X25519 + HKDF, ChaCha20-Poly1305, an AES-CTR PRG, Shamir sharing.
 
 All from the ``cryptography`` package (OpenSSL); Shamir is arithmetic in the prime field
-GF(2^521 − 1), large enough for a 32-byte secret in one share.
+GF(2^256 + 297), the smallest prime field that holds a 32-byte secret in one share.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import secrets
+from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-PRIME = 2**521 - 1  # Mersenne prime: the Shamir field
+PRIME = 2**256 + 297  # the smallest prime above 2^256: the Shamir field
 SECRET_BYTES = 32
+SHARE_BYTES = 33  # a field element, big-endian
 NONCE_BYTES = 12
+PrgKind = Literal["aes-ctr", "chacha20"]
 
 
 class SecAggError(RuntimeError):
@@ -32,14 +34,24 @@ class SecAggError(RuntimeError):
 def new_keypair() -> tuple[bytes, bytes]:
     """(private, public) raw 32-byte X25519 keys."""
     sk = X25519PrivateKey.generate()
-    raw_sk = sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    return raw_sk, sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return sk.private_bytes_raw(), sk.public_key().public_bytes_raw()
+
+
+class KeyAgreement:
+    """One X25519 private key, loaded once (loading costs as much as an exchange), for many peers."""
+
+    def __init__(self, private: bytes) -> None:
+        self._sk = X25519PrivateKey.from_private_bytes(private)
+
+    def derive(self, public: bytes, info: bytes) -> bytes:
+        """X25519 shared secret, stretched by HKDF-SHA256 into a 32-byte key bound to ``info``."""
+        shared = self._sk.exchange(X25519PublicKey.from_public_bytes(public))
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
 
 def agree(private: bytes, public: bytes, info: bytes) -> bytes:
-    """X25519 shared secret, stretched by HKDF-SHA256 into a 32-byte key bound to ``info``."""
-    shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(public))
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+    """One-off :meth:`KeyAgreement.derive`."""
+    return KeyAgreement(private).derive(public, info)
 
 
 # ------------------------------------------------------------ encryption
@@ -57,11 +69,38 @@ def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:
 
 
 # ------------------------------------------------------------------- PRG
-def prg(seed: bytes, n: int, bits: int) -> np.ndarray:
-    """``n`` uniform words of ``bits`` ≤ 32 bits (uint32) from a ChaCha20 keystream keyed by ``seed``."""
-    enc = Cipher(algorithms.ChaCha20(seed, b"\x00" * 16), mode=None).encryptor()
-    words = np.frombuffer(enc.update(bytes(4 * n)), dtype="<u4")  # read-only view, no copy
-    return words if bits == 32 else words & np.uint32((1 << bits) - 1)
+_zeros = bytes(0)  # the PRG's plaintext; grown to the largest vector seen, then sliced without copying
+
+
+def _zero_bytes(size: int) -> memoryview:
+    global _zeros
+    if len(_zeros) < size:
+        _zeros = bytes(size)
+    return memoryview(_zeros)[:size]
+
+
+def prg(seed: bytes, n: int, kind: PrgKind = "aes-ctr", out: np.ndarray | None = None) -> np.ndarray:
+    """``n`` uniform uint32 words: the keystream of AES-256-CTR or ChaCha20 keyed by the 32-byte ``seed``.
+
+    Every seed keys exactly one stream (fresh self-mask seeds, pairwise seeds bound by HKDF to
+    the round and pair), so the fixed all-zero counter/nonce never repeats under one key. Words
+    are full 32-bit; callers reduce mod 2^bits once, after summing. ``out`` (uint32, at least
+    n + 4 words: AES-CTR writes up to a block past the end) is filled in place instead of
+    allocating; the returned array is then a view of it.
+    """
+    if kind == "aes-ctr":
+        enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+    elif kind == "chacha20":
+        enc = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor()
+    else:
+        raise ValueError(f"unknown PRG {kind!r}")
+    zeros = _zero_bytes(4 * n)
+    if out is None:
+        return np.frombuffer(enc.update(zeros), dtype="<u4")
+    if out.dtype != np.uint32 or out.size < n + 4 or not out.flags.c_contiguous:
+        raise ValueError("prg out= needs a contiguous uint32 array of at least n + 4 words")
+    enc.update_into(zeros, memoryview(out).cast("B"))  # type: ignore[arg-type]
+    return out[:n]
 
 
 # ---------------------------------------------------------------- Shamir
@@ -80,32 +119,54 @@ def share(secret: bytes, xs: list[int], t: int) -> dict[int, int]:
 
 
 def reconstruct(shares: dict[int, int], t: int) -> bytes:
-    """Lagrange interpolation at 0 from ``t`` shares {x: y}."""
+    """Lagrange interpolation at 0 from the ``t`` shares {x: y} of lowest x."""
     if len(shares) < t:
         raise SecAggError(f"{len(shares)} share(s), threshold {t}")
     pts = sorted(shares.items())[:t]
-    coeffs = _lagrange_at_zero(tuple(x for x, _ in pts))
+    coeffs = lagrange_at_zero(tuple(x for x, _ in pts))
     secret = sum(y * c for (_, y), c in zip(pts, coeffs, strict=True)) % PRIME
+    if secret >> (8 * SECRET_BYTES):
+        raise SecAggError("the shares do not rebuild a 32-byte secret (corrupt or inconsistent shares)")
     return secret.to_bytes(SECRET_BYTES, "big")
 
 
-@functools.lru_cache(maxsize=64)
-def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
-    """ℓ_i(0) for the points ``xs``; cached: most secrets of a round share one set of holders."""
-    out = []
+@lru_cache(maxsize=256)
+def lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """ℓ_i(0) = Π_{j≠i} x_j / (x_j − x_i) for the points ``xs``, with one modular inverse for all.
+
+    Cached: in full mode every secret of a round is rebuilt from the same set of survivors.
+    """
+    nums, dens = [], []
     for i, xi in enumerate(xs):
         num, den = 1, 1
         for j, xj in enumerate(xs):
             if i != j:
-                num = num * (-xj) % PRIME
-                den = den * (xi - xj) % PRIME
-        out.append(num * pow(den, -1, PRIME) % PRIME)
+                num = num * xj % PRIME
+                den = den * (xj - xi) % PRIME
+        if den == 0:
+            raise SecAggError(f"duplicate share point {xi}")
+        nums.append(num)
+        dens.append(den)
+    # batch inversion (Montgomery's trick): prefix products, one pow(−1), then walk back
+    prefix = [1]
+    for d in dens:
+        prefix.append(prefix[-1] * d % PRIME)
+    inv = pow(prefix[-1], -1, PRIME)
+    out = [0] * len(xs)
+    for i in range(len(xs) - 1, -1, -1):
+        out[i] = nums[i] * inv * prefix[i] % PRIME  # inv · prefix[i] = 1 / dens[i]
+        inv = inv * dens[i] % PRIME
     return tuple(out)
 
 
 def int_bytes(v: int) -> bytes:
-    return v.to_bytes(66, "big")  # 521 bits
+    return v.to_bytes(SHARE_BYTES, "big")
 
 
 def bytes_int(b: bytes) -> int:
-    return int.from_bytes(b, "big")
+    if len(b) != SHARE_BYTES:
+        raise SecAggError(f"a share of {len(b)} bytes, expected {SHARE_BYTES}")
+    v = int.from_bytes(b, "big")
+    if v >= PRIME:
+        raise SecAggError("a share outside the Shamir field")
+    return v

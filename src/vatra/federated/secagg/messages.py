@@ -1,7 +1,10 @@
 """Secure-aggregation messages on the wire: safetensors blobs like every other federated message.
 
-Bytes travel hex-encoded in the JSON metadata, dicts keyed by client id as ``[[id, value], …]``,
-numpy arrays (masked vectors, uint32 words) as tensors.
+Numpy arrays (masked vectors, uint32 words) travel as tensors. A dict of client id → bytes of one
+length (public keys, sealed shares, revealed shares: the bulk of the key traffic, n − 1 entries
+per client in full mode) travels as two tensors, the ids (int64) and the bytes as one uint8
+matrix, so neither side walks it item by item through JSON. Other bytes travel hex-encoded in
+the JSON metadata, other dicts as ``[[key, value], …]``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,15 @@ def pack(stage: str, rnd: int, msg: dict[str, Any]) -> bytes:
             tensors[name] = v
             return {"$t": name}
         if isinstance(v, dict):
+            if _id_bytes(v):
+                ids, name = f"t{len(tensors)}", f"t{len(tensors) + 1}"
+                tensors[ids] = np.fromiter(v.keys(), dtype=np.int64, count=len(v))
+                tensors[name] = np.frombuffer(b"".join(v.values()), dtype=np.uint8).reshape(len(v), -1)
+                return {"$kb": [ids, name]}
             return {"$d": [[enc(k), enc(x)] for k, x in v.items()]}
         if isinstance(v, (list, tuple)):
+            if all(type(x) is int for x in v):  # client ids: plain JSON, no walk
+                return list(v)
             return [enc(x) for x in v]
         if isinstance(v, (int, float, str)) or v is None:
             return v
@@ -47,12 +57,33 @@ def unpack(blob: bytes) -> tuple[str, int, dict[str, Any]]:
                 return tensors[v["$t"]]
             if "$d" in v:
                 return {dec(k): dec(x) for k, x in v["$d"]}
+            if "$kb" in v:
+                return _bytes_table(tensors[v["$kb"][0]], tensors[v["$kb"][1]])
             raise WireError("unknown tagged value in a secure-aggregation message")
         if isinstance(v, list):
+            if all(type(x) is int for x in v):
+                return v
             return [dec(x) for x in v]
         return v
 
     try:
         return str(meta["stage"]), int(meta["round"]), dec(meta["body"])
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, IndexError) as err:
         raise WireError(f"malformed secure-aggregation message: {err}") from None
+
+
+def _id_bytes(d: dict[Any, Any]) -> bool:
+    """A non-empty {int: bytes} with every value of one non-zero length."""
+    if not d or not all(type(k) is int for k in d) or not all(type(x) is bytes for x in d.values()):
+        return False
+    sizes = set(map(len, d.values()))
+    return len(sizes) == 1 and 0 not in sizes
+
+
+def _bytes_table(ids: np.ndarray, data: np.ndarray) -> dict[int, bytes]:
+    if ids.dtype != np.int64 or data.dtype != np.uint8 or ids.ndim != 1 or data.ndim != 2:
+        raise WireError("malformed id → bytes table in a secure-aggregation message")
+    if data.shape[0] != ids.size or len(set(ids.tolist())) != ids.size:
+        raise WireError("id → bytes table: ids and rows do not match one to one")
+    raw, size = data.tobytes(), data.shape[1]
+    return {cid: raw[i * size : (i + 1) * size] for i, cid in enumerate(ids.tolist())}

@@ -4,7 +4,7 @@
 
     stage          server → client u                     client u → server
     advertise      round facts                           c_pk, s_pk (X25519)
-    share_keys     neighbours' public keys, t            Shamir shares of b_u, s_sk_u, sealed per neighbour
+    share_keys     neighbours' c_pk ‖ s_pk, t             Shamir shares of b_u, s_sk_u, sealed per neighbour
     masked_input   ciphertexts addressed to u, U2 ∩ N(u)  y_u = q(x_u) + PRG(b_u) + Σ ±PRG(s_uv)  mod 2^bits
     unmask         U3 (who sent y)                       shares of b_v (v ∈ U3) or s_sk_v (v ∉ U3, v ∈ U2)
 
@@ -13,13 +13,18 @@ the survivors and the pairwise masks of the drop-outs: it learns Σ_u x_u and no
 fewer than t it raises :class:`RoundAborted`. ``secagg+`` (Bell et al., CCS'20) replaces "every
 other client" by the k neighbours of a random k-regular graph (a circulant graph over a random
 permutation), so a client's cost grows with k, not n. Messages are plain dicts (bytes, ints,
-numpy arrays), packed for the wire by :mod:`vatra.federated.secagg.messages`.
+numpy arrays), packed for the wire by :mod:`vatra.federated.secagg.messages`; keys, sealed shares
+and revealed shares travel as ``{client id: fixed-length bytes}``, which packs to binary tensors.
+
+Mask arithmetic runs in uint32 with native wrap-around (mod 2^32, in place) and is reduced
+mod 2^bits once at the end, which gives the same words since 2^bits divides 2^32.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +33,9 @@ import numpy as np
 from vatra.config import SecureAggregationConfig
 from vatra.federated.secagg.crypto import (
     SECRET_BYTES,
+    SHARE_BYTES,
+    KeyAgreement,
     SecAggError,
-    agree,
     bytes_int,
     int_bytes,
     new_keypair,
@@ -87,8 +93,8 @@ class Quantizer:
         return (q & ((1 << self.bits) - 1)).astype(np.uint32)  # two's complement mod 2^bits
 
     def decode_sum(self, words: np.ndarray) -> np.ndarray:
-        signed = words.astype(np.int64)
-        signed[signed >= (1 << (self.bits - 1))] -= 1 << self.bits
+        shift = np.uint32(32 - self.bits)  # sign-extend the top bit of each bits-wide word
+        signed = (np.asarray(words, dtype=np.uint32) << shift).view(np.int32) >> np.int32(shift)
         return signed.astype(np.float64) / self.scale
 
     def max_error(self, clients: int) -> float:
@@ -112,6 +118,8 @@ class SecAggClient:
     s_sk: bytes = b""
     b_seed: bytes = b""
     keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # v → (c_pk, s_pk)
+    c_ka: KeyAgreement | None = None
+    s_ka: KeyAgreement | None = None
     t: int = 0
     n1: int = 0
     held: dict[int, tuple[int, int]] = field(default_factory=dict)  # v → (share of b_v, share of s_sk_v)
@@ -123,7 +131,9 @@ class SecAggClient:
         return {"c_pk": c_pk, "s_pk": s_pk}
 
     def share_keys(self, req: Msg) -> Msg:
-        self.keys = {int(v): (k[0], k[1]) for v, k in req["keys"].items()}
+        if any(not isinstance(k, bytes) or len(k) != 64 for k in req["keys"].values()):
+            raise SecAggError(f"client {self.cid}: malformed public keys in the roster")
+        self.keys = {int(v): (k[:32], k[32:]) for v, k in req["keys"].items()}
         self.t, self.n1 = int(req["t"]), int(req["n1"])
         if self.cid in self.keys:
             raise SecAggError(f"client {self.cid}: server listed the client among its own neighbours")
@@ -137,33 +147,37 @@ class SecAggClient:
         sb = share(self.b_seed, [h + 1 for h in holders], self.t)
         ss = share(self.s_sk, [h + 1 for h in holders], self.t)
         self.held = {self.cid: (sb[self.cid + 1], ss[self.cid + 1])}
+        self.c_ka, self.s_ka = KeyAgreement(self.c_sk), KeyAgreement(self.s_sk)
         out = {}
         for v in self.keys:
-            key = agree(self.c_sk, self.keys[v][0], _info(self.rnd, self.cid, v, "share"))
+            key = self.c_ka.derive(self.keys[v][0], _info(self.rnd, self.cid, v, "share"))
             plain = int_bytes(sb[v + 1]) + int_bytes(ss[v + 1])
             out[v] = seal(key, plain, f"{self.rnd}|{self.cid}|{v}".encode())
         return {"ciphertexts": out}
 
     def masked_input(self, req: Msg, x: np.ndarray) -> Msg:
         """Mask the quantized words ``x`` (uint32, < 2^bits); uint32 sums wrap mod 2^32 by themselves."""
+        if self.c_ka is None or self.s_ka is None:
+            raise SecAggError(f"client {self.cid}: masked_input before share_keys")
         for u, blob in req["ciphertexts"].items():
             u = int(u)
             if u not in self.keys:
                 raise SecAggError(f"client {self.cid}: ciphertext from non-neighbour {u}")
-            key = agree(self.c_sk, self.keys[u][0], _info(self.rnd, u, self.cid, "share"))
+            key = self.c_ka.derive(self.keys[u][0], _info(self.rnd, u, self.cid, "share"))
             plain = open_sealed(key, blob, f"{self.rnd}|{u}|{self.cid}".encode())
-            self.held[u] = (bytes_int(plain[:66]), bytes_int(plain[66:]))
+            self.held[u] = (bytes_int(plain[:SHARE_BYTES]), bytes_int(plain[SHARE_BYTES:]))
         self.u2 = sorted(int(v) for v in req["u2"])
         if len(self.u2) + 1 < self.t:
             raise SecAggError(f"client {self.cid}: only {len(self.u2)} neighbours left, threshold {self.t}")
-        bits = self.cfg.bits
-        mask = np.uint32((1 << bits) - 1)
-        y = (x.astype(np.uint32) + prg(self.b_seed, x.size, bits)) & mask
+        kind, n = self.cfg.prg, x.size
+        scratch = np.empty(n + 4, dtype=np.uint32)
+        y = x.astype(np.uint32)  # a copy: masked in place, wrapping mod 2^32
+        np.add(y, prg(self.b_seed, n, kind, out=scratch), out=y)
         for v in self.u2:
-            seed = agree(self.s_sk, self.keys[v][1], _info(self.rnd, self.cid, v, "mask"))
-            m = prg(seed, x.size, bits)
-            y = (y + m) if self.cid < v else (y - m)
-            y &= mask
+            seed = self.s_ka.derive(self.keys[v][1], _info(self.rnd, self.cid, v, "mask"))
+            (np.add if self.cid < v else np.subtract)(y, prg(seed, n, kind, out=scratch), out=y)
+        if self.cfg.bits < 32:
+            y &= np.uint32((1 << self.cfg.bits) - 1)
         return {"y": y}
 
     def unmask(self, req: Msg) -> Msg:
@@ -175,9 +189,9 @@ class SecAggClient:
         b_shares, s_shares = {}, {}
         for v, (sb, ss) in self.held.items():
             if v in u3:
-                b_shares[v] = sb  # v's input counts: reveal its self-mask share only
+                b_shares[v] = int_bytes(sb)  # v's input counts: reveal its self-mask share only
             elif v in self.u2:
-                s_shares[v] = ss  # v dropped after masking set-up: reveal its mask key share only
+                s_shares[v] = int_bytes(ss)  # v dropped after masking set-up: reveal its mask key share only
         return {"b_shares": b_shares, "s_shares": s_shares}
 
 
@@ -210,20 +224,24 @@ class SecAggServer:
 
     def share_keys_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
         self._need("advertise", len(replies))
+        for u, r in replies.items():
+            if not all(isinstance(r.get(k), bytes) and len(r[k]) == 32 for k in ("c_pk", "s_pk")):
+                raise RoundAborted(f"round {self.rnd}: client {u} advertised malformed public keys")
         self.keys = {u: (r["c_pk"], r["s_pk"]) for u, r in replies.items()}
         u1 = sorted(self.keys)
         self.graph = neighbour_graph(u1, self.cfg, self.seed)
         self.t = threshold(self.cfg, len(next(iter(self.graph.values()))) + 1)
-        return {u: {"keys": {v: self.keys[v] for v in self.graph[u]}, "t": self.t, "n1": len(u1)} for u in u1}
+        roster = {u: c_pk + s_pk for u, (c_pk, s_pk) in self.keys.items()}
+        return {u: {"keys": {v: roster[v] for v in self.graph[u]}, "t": self.t, "n1": len(u1)} for u in u1}
 
     def masked_input_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
         self._need("share_keys", len(replies))
         self.u2 = sorted(replies)
         inbox: dict[int, dict[int, bytes]] = {v: {} for v in self.u2}
         for u, r in replies.items():
+            mine = set(self.graph[u]).intersection(inbox)  # u's neighbours still in the round
             for v, blob in r["ciphertexts"].items():
-                v = int(v)
-                if v in inbox and v in self.graph[u]:
+                if v in mine:
                     inbox[v][u] = blob
         self.routed = inbox
         return {v: {"ciphertexts": inbox[v], "u2": sorted(inbox[v])} for v in self.u2}
@@ -233,7 +251,7 @@ class SecAggServer:
         mask = np.uint32((1 << self.cfg.bits) - 1)
         for u, r in replies.items():
             y = np.asarray(r["y"])
-            if y.dtype != np.uint32 or y.shape != (self.dim,) or (y > mask).any():
+            if y.dtype != np.uint32 or y.shape != (self.dim,) or (self.cfg.bits < 32 and (y > mask).any()):
                 raise RoundAborted(f"round {self.rnd}: client {u} sent a malformed masked vector")
             self.masked[u] = y
         u3 = sorted(self.masked)
@@ -242,25 +260,39 @@ class SecAggServer:
     def finish(self, replies: dict[int, Msg]) -> np.ndarray:
         """Σ_{u∈U3} x_u mod 2^bits, from the survivors' shares; raises RoundAborted below t."""
         self._need("unmask", len(replies))
-        bits, mask = self.cfg.bits, np.uint32((1 << self.cfg.bits) - 1)
         u3 = sorted(self.masked)
-        total = np.zeros(self.dim, dtype=np.uint32)
-        for y in self.masked.values():
-            total = (total + y) & mask
+        # v → {x: share}: self-mask seeds of the survivors, mask keys of the drop-outs
+        points: dict[int, dict[int, bytes]] = defaultdict(dict)
+        for u, r in replies.items():
+            for kind, wanted in (("b_shares", True), ("s_shares", False)):
+                for v, sh in r.get(kind, {}).items():
+                    if v in self.u2 and (v in self.masked) == wanted:
+                        points[v][u + 1] = sh
         for v in self.u2:
-            kind = "b_shares" if v in self.masked else "s_shares"
-            pts = {u + 1: int(r[kind][v]) for u, r in replies.items() if v in r.get(kind, {})}
-            if len(pts) < self.t:
+            if len(points[v]) < self.t:
                 raise RoundAborted(
-                    f"round {self.rnd}: {len(pts)} share(s) of client {v}'s secret < t = {self.t}"
+                    f"round {self.rnd}: {len(points[v])} share(s) of client {v}'s secret < t = {self.t}"
                 )
-            secret = reconstruct(pts, self.t)
-            if v in self.masked:
-                total = (total - prg(secret, self.dim, bits)) & mask
-                continue
+        kind, n = self.cfg.prg, self.dim
+        scratch = np.empty(n + 4, dtype=np.uint32)
+        total = np.zeros(n, dtype=np.uint32)
+        for y in self.masked.values():
+            np.add(total, y, out=total)  # wraps mod 2^32
+        for v in self.u2:
+            try:
+                pts = sorted(points[v].items())[: self.t]
+                secret = reconstruct({x: bytes_int(sh) for x, sh in pts}, self.t)
+                if v in self.masked:
+                    np.subtract(total, prg(secret, n, kind, out=scratch), out=total)
+                    continue
+                ka = KeyAgreement(secret)  # v's mask key, loaded once for all its neighbours
+            except (SecAggError, TypeError, ValueError) as err:
+                raise RoundAborted(f"round {self.rnd}: client {v}'s secret: {err}") from None
             for u in (w for w in self.graph[v] if w in self.masked):
-                seed = agree(secret, self.keys[u][1], _info(self.rnd, u, v, "mask"))
-                m = prg(seed, self.dim, bits)  # u added +m when u < v, −m otherwise
-                total = ((total - m) if u < v else (total + m)) & mask
+                seed = ka.derive(self.keys[u][1], _info(self.rnd, u, v, "mask"))
+                # u added +m when u < v, −m otherwise
+                (np.subtract if u < v else np.add)(total, prg(seed, n, kind, out=scratch), out=total)
+        if self.cfg.bits < 32:
+            total &= np.uint32((1 << self.cfg.bits) - 1)
         self.survivors["summed"] = len(u3)
         return total

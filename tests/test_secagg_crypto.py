@@ -1,0 +1,145 @@
+"""Secure-aggregation primitives: both PRGs, the Shamir field and Lagrange reuse, binary message tables."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+import sympy
+from scipy import stats
+
+from vatra.federated.secagg.crypto import (
+    PRIME,
+    SECRET_BYTES,
+    SHARE_BYTES,
+    KeyAgreement,
+    SecAggError,
+    agree,
+    bytes_int,
+    int_bytes,
+    lagrange_at_zero,
+    new_keypair,
+    prg,
+    reconstruct,
+    share,
+)
+from vatra.federated.secagg.messages import pack, unpack
+from vatra.federated.wire import WireError, decode, encode
+
+
+@pytest.mark.parametrize("kind", ["aes-ctr", "chacha20"])
+def test_prg_words_look_uniform_and_depend_on_the_seed(kind: str) -> None:
+    seed = os.urandom(32)
+    words = prg(seed, 50_000, kind)
+    assert words.dtype == np.uint32 and words.size == 50_000
+    for shift in (0, 24):  # low and high byte of each word
+        counts = np.bincount(((words >> np.uint32(shift)) & np.uint32(0xFF)).astype(np.int64), minlength=256)
+        assert stats.chisquare(counts).pvalue > 1e-3  # fails 1 in 1000 by chance
+    np.testing.assert_array_equal(prg(seed, 50_000, kind), words)  # a function of the seed
+    assert not np.array_equal(prg(os.urandom(32), 50_000, kind), words)
+    out = np.full(50_004, 7, dtype=np.uint32)
+    np.testing.assert_array_equal(prg(seed, 50_000, kind, out=out), words)  # in place, same stream
+    with pytest.raises(ValueError, match="n \\+ 4"):
+        prg(seed, 50_000, kind, out=np.empty(50_000, dtype=np.uint32))
+
+
+def test_the_two_prgs_are_different_streams() -> None:
+    seed = os.urandom(32)
+    a, c = prg(seed, 10_000, "aes-ctr"), prg(seed, 10_000, "chacha20")
+    assert np.mean(a == c) < 0.01
+    with pytest.raises(ValueError, match="unknown PRG"):
+        prg(seed, 10, "rc4")
+
+
+def test_key_agreement_object_matches_one_off_agree() -> None:
+    a_sk, a_pk = new_keypair()
+    b_sk, b_pk = new_keypair()
+    assert KeyAgreement(a_sk).derive(b_pk, b"x") == agree(b_sk, a_pk, b"x")  # both ends agree
+    assert agree(a_sk, b_pk, b"x") != agree(a_sk, b_pk, b"y")  # bound to its purpose
+
+
+def test_shamir_field_is_the_smallest_prime_above_two_to_the_256() -> None:
+    assert sympy.isprime(PRIME) and PRIME > 2 ** (8 * SECRET_BYTES)
+    assert not any(sympy.isprime(2**256 + d) for d in range(1, 297))
+    assert PRIME.bit_length() <= 8 * SHARE_BYTES
+
+
+def test_lagrange_batch_inverse_matches_the_definition() -> None:
+    xs = (3, 5, 8, 13, 21, 34)
+    naive = []
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                num, den = num * xj % PRIME, den * (xj - xi) % PRIME
+        naive.append(num * pow(den, -1, PRIME) % PRIME)
+    assert lagrange_at_zero(xs) == tuple(naive)
+    with pytest.raises(SecAggError, match="duplicate"):
+        lagrange_at_zero((2, 2, 3))
+
+
+def test_reused_lagrange_coefficients_rebuild_every_secret() -> None:
+    holders, t = list(range(1, 21)), 14
+    wanted = [os.urandom(SECRET_BYTES) for _ in range(30)]
+    lagrange_at_zero.cache_clear()
+    for secret in wanted:  # many secrets, one set of survivors: coefficients computed once
+        shares = share(secret, holders, t)
+        survivors = {x: shares[x] for x in holders[3:]}
+        assert reconstruct(survivors, t) == secret
+    assert lagrange_at_zero.cache_info().misses == 1
+    assert lagrange_at_zero.cache_info().hits == len(wanted) - 1
+    # a different subset of t holders rebuilds the same secret
+    shares = share(wanted[0], holders, t)
+    assert reconstruct({x: shares[x] for x in holders[-t:]}, t) == wanted[0]
+
+
+def test_corrupt_or_short_shares_are_refused() -> None:
+    secret = os.urandom(SECRET_BYTES)
+    shares = share(secret, [1, 2, 3, 4], 3)
+    with pytest.raises(SecAggError, match="threshold 3"):
+        reconstruct({1: shares[1], 2: shares[2]}, 3)
+    bad = {**shares, 1: (shares[1] + 1) % PRIME}
+    # a wrong share rebuilds another field element; mostly ≥ 2^256 (refused) — never the secret
+    try:
+        assert reconstruct(bad, 3) != secret
+    except SecAggError as err:
+        assert "32-byte secret" in str(err)
+    assert bytes_int(int_bytes(shares[2])) == shares[2]
+    with pytest.raises(SecAggError, match="33"):
+        bytes_int(b"\x01" * 32)
+    with pytest.raises(SecAggError, match="outside"):
+        bytes_int(b"\xff" * SHARE_BYTES)
+
+
+def test_id_bytes_tables_travel_as_tensors_and_round_trip() -> None:
+    table = {cid: secrets.token_bytes(160) for cid in (4, 0, 17, 9)}
+    msg = {"ciphertexts": table, "u2": [0, 4, 9, 17], "keys": {1: b"ab", 2: b"abc"}, "e": {}}
+    blob = pack("masked_input", 3, msg)
+    meta, tensors = decode(blob)
+    assert "$kb" in str(meta["body"]) and any(t.dtype == np.uint8 for t in tensors.values())
+    assert table[4].hex() not in str(meta)  # not hex in the JSON
+    stage, rnd, got = unpack(blob)
+    assert (stage, rnd) == ("masked_input", 3)
+    assert got == msg  # unequal lengths and the empty dict take the generic path
+
+
+def test_malformed_id_bytes_table_is_a_wire_error() -> None:
+    body = {"$d": [["t", {"$kb": ["t0", "t1"]}]]}  # what pack writes for {"t": {id: bytes}}
+    bad = {
+        "t0": np.array([1, 1], dtype=np.int64),  # repeated id
+        "t1": np.zeros((2, 4), dtype=np.uint8),
+    }
+    blob = encode({"kind": "secagg", "stage": "unmask", "round": 1, "body": body}, bad)
+    with pytest.raises(WireError, match="one to one"):
+        unpack(blob)
+    bad["t0"] = np.array([1.0, 2.0])  # wrong dtype
+    blob = encode({"kind": "secagg", "stage": "unmask", "round": 1, "body": body}, bad)
+    with pytest.raises(WireError, match="malformed"):
+        unpack(blob)
+    blob = encode(
+        {"kind": "secagg", "stage": "unmask", "round": 1, "body": {"$d": [["t", {"$kb": ["t0"]}]]}}, bad
+    )
+    with pytest.raises(WireError, match="malformed"):
+        unpack(blob)
