@@ -10,6 +10,7 @@ from scipy import stats
 
 from vatra.config import SecureAggregationConfig
 from vatra.federated.secagg import STAGES, LocalParties, Quantizer, RoundAborted, SecAggServer, secure_sum
+from vatra.federated.secagg.messages import unpack
 
 DIM = 16
 
@@ -133,3 +134,21 @@ def test_corrupt_revealed_share_aborts_the_round_cleanly() -> None:
     server.finish = tampered  # type: ignore[method-assign]
     with pytest.raises(RoundAborted, match="client 0's secret"):
         secure_sum(server, parties)
+
+
+def test_broadcast_packed_once_and_per_client_requests_kept_apart() -> None:
+    cfg = SecureAggregationConfig(enabled=True)
+    seen: dict[int, dict] = {}
+
+    class Spy(LocalParties):
+        def deliver(self, stage, rnd, blobs):
+            seen.update({c: unpack(b)[2] for c, b in blobs.items()})
+            return {}
+
+    spy = Spy(cfg, lambda cid, n1: np.zeros(1, np.uint32))
+    shared = {"u3": [0, 1, 2]}
+    spy.exchange("unmask", 1, dict.fromkeys(range(3), shared))
+    assert all(seen[c] == shared for c in range(3))
+    spy.tamper = lambda stage, cid, req: {"u3": [cid]}  # a fresh object per client, freed after packing
+    spy.exchange("unmask", 1, dict.fromkeys(range(50), shared))
+    assert all(seen[c] == {"u3": [c]} for c in range(50))

@@ -104,12 +104,17 @@ class CountingChannel:
                 self.drops[(rnd, self.chaos[1])] = set(sorted(requests)[-self.chaos[2] :])
         self.gone |= self.drops.get((rnd, stage), set())
         blobs = {}
+        # a request object sent to many clients (a broadcast) is packed once; the cache holds the
+        # object itself so its id cannot be reused by another request while the cache lives
+        packed: dict[int, tuple[Msg, bytes]] = {}
         for cid, req in requests.items():
             if cid in self.gone:
                 continue
             if self.tamper is not None:
                 req = self.tamper(stage, cid, req)
-            blobs[cid] = pack(stage, rnd, req)
+            if id(req) not in packed:
+                packed[id(req)] = (req, pack(stage, rnd, req))
+            blobs[cid] = packed[id(req)][1]
             self.bytes_down += len(blobs[cid])
         replies: dict[int, Msg] = {}
         for cid, out in self.deliver(stage, rnd, blobs).items():

@@ -34,7 +34,7 @@ def pack(stage: str, rnd: int, msg: dict[str, Any]) -> bytes:
                 return {"$kb": [ids, name]}
             return {"$d": [[enc(k), enc(x)] for k, x in v.items()]}
         if isinstance(v, (list, tuple)):
-            if all(type(x) is int for x in v):  # client ids: plain JSON, no walk
+            if set(map(type, v)) <= {int}:  # client ids: plain JSON, no walk
                 return list(v)
             return [enc(x) for x in v]
         if isinstance(v, (int, float, str)) or v is None:
@@ -61,7 +61,7 @@ def unpack(blob: bytes) -> tuple[str, int, dict[str, Any]]:
                 return _bytes_table(tensors[v["$kb"][0]], tensors[v["$kb"][1]])
             raise WireError("unknown tagged value in a secure-aggregation message")
         if isinstance(v, list):
-            if all(type(x) is int for x in v):
+            if set(map(type, v)) <= {int}:
                 return v
             return [dec(x) for x in v]
         return v
@@ -74,7 +74,7 @@ def unpack(blob: bytes) -> tuple[str, int, dict[str, Any]]:
 
 def _id_bytes(d: dict[Any, Any]) -> bool:
     """A non-empty {int: bytes} with every value of one non-zero length."""
-    if not d or not all(type(k) is int for k in d) or not all(type(x) is bytes for x in d.values()):
+    if not d or set(map(type, d)) != {int} or set(map(type, d.values())) != {bytes}:  # C loops, not a walk
         return False
     sizes = set(map(len, d.values()))
     return len(sizes) == 1 and 0 not in sizes

@@ -220,7 +220,8 @@ class SecAggServer:
     def advertise_requests(self) -> dict[int, Msg]:
         full = neighbour_graph(self.clients, self.cfg, self.seed)
         self.t = threshold(self.cfg, len(next(iter(full.values()))) + 1)
-        return {u: {"round": self.rnd, "dim": self.dim} for u in self.clients}
+        facts = {"round": self.rnd, "dim": self.dim}  # one object for all: packed once
+        return {u: facts for u in self.clients}
 
     def share_keys_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
         self._need("advertise", len(replies))
@@ -255,7 +256,8 @@ class SecAggServer:
                 raise RoundAborted(f"round {self.rnd}: client {u} sent a malformed masked vector")
             self.masked[u] = y
         u3 = sorted(self.masked)
-        return {u: {"u3": u3} for u in u3}
+        notice = {"u3": u3}  # one object for all: the channel packs a broadcast once
+        return {u: notice for u in u3}
 
     def finish(self, replies: dict[int, Msg]) -> np.ndarray:
         """Σ_{u∈U3} x_u mod 2^bits, from the survivors' shares; raises RoundAborted below t."""
@@ -263,10 +265,11 @@ class SecAggServer:
         u3 = sorted(self.masked)
         # v → {x: share}: self-mask seeds of the survivors, mask keys of the drop-outs
         points: dict[int, dict[int, bytes]] = defaultdict(dict)
+        alive, gone = set(self.masked), set(self.u2).difference(self.masked)
         for u, r in replies.items():
-            for kind, wanted in (("b_shares", True), ("s_shares", False)):
+            for kind, wanted in (("b_shares", alive), ("s_shares", gone)):
                 for v, sh in r.get(kind, {}).items():
-                    if v in self.u2 and (v in self.masked) == wanted:
+                    if v in wanted:
                         points[v][u + 1] = sh
         for v in self.u2:
             if len(points[v]) < self.t:
