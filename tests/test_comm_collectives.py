@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import vatra.comm.hierarchical as hier_module
 import vatra.comm.ring as ring_module
 from vatra.comm import (
     ByteCounter,
@@ -38,6 +39,7 @@ def _worker(rank: int, max_world: int, rdzv_dir: str) -> None:
     """One spawn for every world size: ranks < W form a fresh default group of size W in turn."""
     torch.set_num_threads(1)
     ring_module.PIECE_BYTES = 256  # large ring messages travel in pieces: make small tests use them too
+    hier_module.CHUNK_BYTES = 64  # and the hierarchical pipeline in chunks: n ≥ 17 takes several
     for world in range(2, max_world + 1):
         if rank < world:
             init = f"file://{rdzv_dir}/rdzv{world}"
@@ -73,7 +75,8 @@ def _check_world(rank: int, world: int) -> None:
     reduce_scatter = sum(chunks[(me - s) % world] for s in range(world - 1))
     all_gather = sum(chunks[(me + 1 - s) % world] for s in range(world - 1))
     assert ring.counter.sent == 4 * (reduce_scatter + all_gather)
-    # hierarchical: members send n to their leader; leaders ring among leaders and send n to members
+    # hierarchical: members send n to their leader; leaders ring every pipeline chunk among leaders
+    # and send n to each member
     hier.counter.reset()
     hier.all_reduce_(_data(rank, n))
     host = next(h for h in LAYOUTS[world] if rank in h)
@@ -81,10 +84,11 @@ def _check_world(rank: int, world: int) -> None:
     if rank != host[0]:
         assert hier.counter.sent == 4 * n
     else:
-        h = len(leaders)
-        lchunks = [c.numel() for c in torch.empty(n).tensor_split(h)]
-        pos = leaders.index(rank)
-        ring_part = sum(lchunks[(pos - s) % h] + lchunks[(pos + 1 - s) % h] for s in range(h - 1))
+        h, pos = len(leaders), leaders.index(rank)
+        ring_part = 0
+        for chunk in torch.empty(n).split(hier_module.CHUNK_BYTES // 4):
+            lchunks = [c.numel() for c in chunk.tensor_split(h)]
+            ring_part += sum(lchunks[(pos - s) % h] + lchunks[(pos + 1 - s) % h] for s in range(h - 1))
         assert hier.counter.sent == 4 * (ring_part + n * (len(host) - 1))
     # fp16 through the ring: the sum is done in fp16 by torch
     got16 = _data(rank, 513, torch.float16)

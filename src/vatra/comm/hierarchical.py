@@ -1,4 +1,5 @@
-"""Two-level all-reduce: reduce inside each host, ring among host leaders, broadcast inside the host.
+"""Two-level all-reduce: reduce inside each host, ring among host leaders, broadcast inside the host,
+pipelined over chunks so the host-local steps overlap the cross-host ring.
 
 Across hosts only the leaders talk, each sending 2·(H−1)/H·n bytes for H hosts — instead of every
 rank's ring edge crossing hosts. Intra-host traffic stays on the host (loopback in the test cluster).
@@ -13,6 +14,15 @@ import torch.distributed as dist
 from vatra.comm.ring import ring_all_gather_blocks, ring_all_reduce_
 from vatra.comm.topology import ByteCounter, Topology, nbytes, wait_all
 from vatra.errors import ConfigError
+
+# Chunk size of the pipelined all-reduce: small enough that the exposed first gather and last
+# broadcast are short, large enough that the ring's per-message cost stays small next to the link time.
+CHUNK_BYTES = 2 << 20
+
+
+def _chunks(t: torch.Tensor) -> list[torch.Tensor]:
+    """Views of a contiguous 1-D tensor, ≤ ``CHUNK_BYTES`` each, in order."""
+    return list(t.split(max(1, CHUNK_BYTES // t.element_size())))
 
 
 class HierarchicalTopology(Topology):
@@ -55,19 +65,40 @@ class HierarchicalTopology(Topology):
             self.counter.add(nbytes(tensor))
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Pipelined over chunks of ≤ ``CHUNK_BYTES``: every chunk's host-local transfers are posted at
+        once and run in gloo's background threads, while the leader reduces chunk c, rings it among
+        the leaders (the slow cross-host step, one chunk after another) and posts its broadcast. Only
+        the first chunk's gather and the last chunk's broadcast are not hidden behind the ring."""
         if tensor.numel() == 0 or self.world_size == 1:
             return tensor
-        members = len(self.host) - 1
-        if self.is_leader and members:
-            scratch = torch.empty(members, tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-            self._gather_to_leader(tensor, [tensor, *scratch.unbind(0)])
-            tensor.add_(scratch.sum(dim=0))
-        elif not self.is_leader:
-            self._gather_to_leader(tensor, None)
-        if self.is_leader:
-            ring_all_reduce_(tensor, self.leaders, self.leader_group, self.counter)
-        if members:
-            self._broadcast_from_leader(tensor)
+        chunks = _chunks(tensor)
+        if not self.is_leader:
+            # Receives first: a gloo isend may block its caller until the peer has posted its receive.
+            # Receiving into the chunk being sent is safe: the leader sends chunk i back only after it
+            # has received all of it.
+            reqs = [dist.irecv(c, src=self.leader, group=self.group, tag=i) for i, c in enumerate(chunks)]
+            for i, c in enumerate(chunks):
+                reqs.append(dist.isend(c, dst=self.leader, group=self.group, tag=i))
+                self.counter.add(nbytes(c))
+            wait_all(reqs)
+            return tensor
+        members = self.host[1:]
+        scratch = torch.empty(len(members), tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        incoming = [_chunks(row) for row in scratch]  # [member][chunk], views of scratch
+        gathers = [
+            [dist.irecv(incoming[m][i], src=r, group=self.group, tag=i) for m, r in enumerate(members)]
+            for i in range(len(chunks))
+        ]
+        sends: list[dist.Work | None] = []
+        for i, chunk in enumerate(chunks):
+            wait_all(gathers[i])
+            for m in range(len(members)):
+                chunk.add_(incoming[m][i])
+            ring_all_reduce_(chunk, self.leaders, self.leader_group, self.counter)
+            for r in members:
+                sends.append(dist.isend(chunk, dst=r, group=self.group, tag=i))
+                self.counter.add(nbytes(chunk))
+        wait_all(sends)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
