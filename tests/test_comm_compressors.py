@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vatra.comm import Memory, NoMemory, build_compressor, compressor_names
+from vatra.comm import Memory, MomentumMemory, NoMemory, build_compressor, compressor_names
 from vatra.comm.onebit import pack_bits, unpack_bits
 from vatra.config import CommConfig
 from vatra.errors import ConfigError
@@ -79,6 +79,57 @@ def test_onebit_bits_and_scale() -> None:
     assert torch.equal(y >= 0, x >= 0)
     torch.testing.assert_close(y.abs(), torch.full_like(x, float(x.abs().mean())))
     assert _payload_bytes(payload) == math.ceil(1001 / 8) + 4
+
+
+def test_onebit_row_scale() -> None:
+    x = _grad((6, 50))
+    x[2] = 0.0  # a unit that was inactive on the batch: its gradient row is zero
+    comp = build_compressor(CommConfig(method="onebit", onebit_scale="row"))
+    payload, ctx = comp.compress(x)
+    y = comp.decompress(payload, ctx)
+    assert torch.equal(y[2], torch.zeros(50))  # a per-tensor scale would send ±mean|x| there
+    torch.testing.assert_close(y.abs().mean(dim=1), x.abs().mean(dim=1))
+    assert torch.equal(y[x != 0] >= 0, x[x != 0] >= 0)
+    assert _payload_bytes(payload) == math.ceil(300 / 8) + 6 * 4  # bits + one fp32 scale per row
+    vector = _grad((33,))  # no rows: one scale
+    assert _payload_bytes(comp.compress(vector)[0]) == math.ceil(33 / 8) + 4
+
+
+def test_momentum_memory_is_momentum_sgd_when_everything_is_sent() -> None:
+    """Uncompressed, the velocity sent is SGD's momentum buffer: u ← m·u + g."""
+    mem = MomentumMemory(0.9, masking=False)
+    buf = torch.zeros(20)
+    for step in range(10):
+        g = _grad((20,), seed=step)
+        buf = 0.9 * buf + g if step else g.clone()
+        torch.testing.assert_close(mem.accumulate(g, "w"), buf)
+
+
+def test_momentum_correction_with_masking() -> None:
+    """Σ sent + residual = Σ velocities (error feedback on the velocity), and the velocity is cleared
+    where topk sent (momentum-factor masking)."""
+    comp = build_compressor(CommConfig(method="topk", ratio=0.1))
+    mem = MomentumMemory(0.9, masking=True)
+    sent_sum = torch.zeros(100)
+    for step in range(50):
+        x = mem.compensate(_grad((100,), seed=step) + 0.3, "w")
+        sent = comp.decompress(*comp.compress(x))
+        mem.update(x, "w", sent)
+        sent_sum += sent
+        assert torch.equal(mem.velocity["w"][sent != 0], torch.zeros(int((sent != 0).sum())))
+        assert torch.equal(mem.residuals["w"][sent != 0], torch.zeros(int((sent != 0).sum())))
+    # masking drops the velocity of sent elements: what they would have added later is not owed
+    assert sent_sum.abs().sum() > 0 and torch.isfinite(mem.residuals["w"]).all()
+    unmasked = MomentumMemory(0.9, masking=False)
+    velocity_sum = torch.zeros(100)
+    sent_sum = torch.zeros(100)
+    for step in range(50):
+        x = unmasked.compensate(_grad((100,), seed=step) + 0.3, "w")
+        velocity_sum += unmasked.velocity["w"]
+        sent = comp.decompress(*comp.compress(x))
+        unmasked.update(x, "w", sent)
+        sent_sum += sent
+    torch.testing.assert_close(sent_sum + unmasked.residuals["w"], velocity_sum, rtol=1e-4, atol=1e-3)
 
 
 def test_qsgd_is_unbiased_and_bounded() -> None:

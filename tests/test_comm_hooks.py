@@ -58,20 +58,33 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             numel = _params(hooked).numel()
             # a 2-rank ring sends half the gradient twice: numel·4 bytes per step, for every topology
             assert summary["comm_bytes"] == 4 * numel * 4, (topology, summary["comm_bytes"], numel)
+        # Momentum correction moves SGD's momentum into the hook: sent uncompressed (warm-up), each
+        # rank's velocity averaged is the optimizer's momentum buffer, so training is unchanged.
+        comm = {"method": "topk", "momentum_correction": True, "start_step": 100}
+        moved, _ = _train(cfg, ctx, CommPlugin(cfg.comm.model_copy(update=comm)))
+        assert all(g["momentum"] == 0.0 for g in moved.optimizer.param_groups)
+        # m·avg(u) + avg(g) vs avg(m·u + g): the same sums rounded in another order
+        torch.testing.assert_close(_params(moved), _params(reference), rtol=1e-5, atol=1e-6)
         # 2. Every method, each topology at least once: replicas stay identical, bytes shrink as promised.
         full = 4 * numel * 4
         plan = [
             ("fp16", "flat"), ("bf16", "flat"), ("bf16", "ring"), ("topk", "flat"), ("topk", "ring"),
             ("randomk", "hierarchical"), ("onebit", "hierarchical"), ("qsgd", "ring"), ("powersgd", "flat"),
+            ("topk+mc", "flat"), ("onebit+row+mc", "ring"),
         ]  # fmt: skip
-        for method, topology in plan:
+        for name, topology in plan:
+            method, *options = name.split("+")
             comm = {"method": method, "topology": topology, "min_numel": 64, "ratio": 0.05}
+            comm |= {
+                "momentum_correction": "mc" in options,
+                "onebit_scale": "row" if "row" in options else "tensor",
+            }
             cfg = small_config(train={"steps": 4}, dist={"bucket_cap_mb": 0.001}, comm=comm)
             plugin = CommPlugin(cfg.comm, hosts=[[0], [1]])
             trainer, summary = _train(cfg, ctx, plugin)
             assert _same_on_all_ranks(_params(trainer)), (method, topology)
             assert torch.isfinite(_params(trainer)).all()
-            results[f"{method}/{topology}"] = summary["comm_bytes"] / full
+            results[f"{name}/{topology}"] = summary["comm_bytes"] / full
         # 3. Accuracy on digits: topk 1% and onebit against none, same seed and steps.
         for method in ("none", "topk", "onebit"):
             cfg = small_config(**ACCURACY_CONFIG, comm={"method": method, "ratio": 0.01})
@@ -95,6 +108,7 @@ def test_hooks_equal_ddp_and_compressed_training_matches(tmp_path: Path) -> None
     assert r["topk/ring"] == r["topk/flat"] < 0.25 and r["randomk/hierarchical"] < 0.25
     assert r["onebit/hierarchical"] < 0.1 and r["qsgd/ring"] < 0.5
     assert r["powersgd/flat"] < 1.0
+    assert r["topk+mc/flat"] == r["topk/flat"] and r["onebit+row+mc/ring"] < 0.1
     # digits validation set: 360 images, so 1 point ≈ 4 images
     assert r["accuracy/topk"] >= r["accuracy/none"] - 0.01, r
     assert r["accuracy/onebit"] >= r["accuracy/none"] - 0.01, r

@@ -8,7 +8,7 @@ from vatra.comm._base import Compressor, Ctx, Payload, build_compressor, compres
 from vatra.comm.batching import all_gather_coalesced, all_reduce_coalesced_, fuse_groups
 from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, compression_hook
-from vatra.comm.memory import Memory, NoMemory
+from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.ring import RingTopology, ring_all_reduce_
 from vatra.comm.topology import ByteCounter, FlatTopology, Topology, build_topology, host_layout_from_env
@@ -21,6 +21,7 @@ __all__ = [
     "HierarchicalTopology",
     "HookState",
     "Memory",
+    "MomentumMemory",
     "NoMemory",
     "Payload",
     "PowerSGDHookState",

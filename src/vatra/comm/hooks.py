@@ -27,7 +27,8 @@ from vatra.comm.topology import ByteCounter, FlatTopology, Topology
 class HookState:
     """What the hook keeps between calls; the plugin sets ``step`` and reads ``counter``.
 
-    Per-bucket state (error-feedback residuals) is keyed by ``(bucket.index(), position)``.
+    Per-tensor state (error-feedback residuals, velocities) is keyed by the parameter's ``id``: DDP
+    rebuilds its buckets after the first step, which reorders ``(bucket.index(), position)``.
     """
 
     compressor: Compressor
@@ -56,33 +57,38 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     buffer = bucket.buffer()
     world = state.topology.world_size
     if state.compressor.lossless or state.step < state.start_step:
+        _accumulate(state, list(zip(_keys(bucket), bucket.gradients(), strict=True)))
         state.topology.all_reduce_(buffer)
         buffer.div_(world)
     else:
-        _compressed_average(state, bucket.index(), bucket.gradients())
+        _compressed_average(state, _keys(bucket), bucket.gradients())
     state.comm_time_s += time.perf_counter() - t0
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(buffer)
     return fut
 
 
-def _compressed_average(state: HookState, bucket_index: int, grads: list[torch.Tensor]) -> None:
+def _keys(bucket: dist.GradBucket) -> list[int]:
+    return [id(p) for p in bucket.parameters()]
+
+
+def _compressed_average(state: HookState, keys: list[int], grads: list[torch.Tensor]) -> None:
     """Small tensors: one fused fp32 all-reduce. Others: compress (with error feedback), exchange the
     payloads (summed or gathered, fused into ``bucket_bytes`` messages), decompress and average."""
     world = state.topology.world_size
-    small = [g for g in grads if g.numel() < state.min_numel]
-    large = [(i, g) for i, g in enumerate(grads) if g.numel() >= state.min_numel]
+    small = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() < state.min_numel]
+    large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= state.min_numel]
+    _accumulate(state, small)
     if small:
-        all_reduce_coalesced_(small, state.topology, state.bucket_bytes)
-        for g in small:
+        all_reduce_coalesced_([g for _, g in small], state.topology, state.bucket_bytes)
+        for _, g in small:
             g.div_(world)
     if not large:
         return
     comp = state.compressor
     payloads: list[Payload] = []
     ctxs: list[Ctx] = []
-    for i, g in large:
-        key = (bucket_index, i)
+    for key, g in large:
         x = state.memory.compensate(g, key)
         payload, ctx = comp.compress(x)
         state.memory.update(x, key, comp.decompress(payload, ctx))
@@ -101,6 +107,15 @@ def _compressed_average(state: HookState, bucket_index: int, grads: list[torch.T
         for rank_payload in per_rank:
             total += comp.decompress(rank_payload[a:b], ctx)
         g.copy_(total.div_(world))
+
+
+def _accumulate(state: HookState, grads: list[tuple[int, torch.Tensor]]) -> None:
+    """Tensors that travel uncompressed still pass through the memory: with momentum correction they
+    send the rank's velocity (a no-op for plain error feedback)."""
+    for key, g in grads:
+        x = state.memory.accumulate(g, key)
+        if x is not g:
+            g.copy_(x)
 
 
 def _bounds(payloads: list[Payload]) -> list[tuple[int, int]]:

@@ -10,12 +10,16 @@ import torch
 class Memory:
     """Residual accumulation (EF-SGD): ``e ← (g + e) − decompress(compress(g + e))``.
 
-    Keyed by the caller (the DDP hook uses ``(bucket.index(), position)``). A residual whose shape
-    no longer matches (DDP rebuilds its buckets after the first step) is dropped, not misapplied.
+    Keyed by the caller (the DDP hook uses the parameter's ``id``). A residual whose shape no longer
+    matches the tensor is dropped, not misapplied.
     """
 
     def __init__(self) -> None:
         self.residuals: dict[Hashable, torch.Tensor] = {}
+
+    def accumulate(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
+        """What a rank sends for ``tensor`` when it goes uncompressed (warm-up, small tensors)."""
+        return tensor
 
     def compensate(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
         residual = self.residuals.get(key)
@@ -38,3 +42,39 @@ class NoMemory(Memory):
 
     def update(self, compensated: torch.Tensor, key: Hashable, transmitted: torch.Tensor) -> None:
         return None
+
+
+class MomentumMemory(Memory):
+    """Momentum correction (DGC, Lin et al. ICLR'18): each rank keeps its own velocity
+    ``u ← m·u + g`` and error feedback carries what was not sent *of the velocity*, so the optimizer
+    must run without momentum of its own (the plugin turns it off).
+
+    Why: with the optimizer's momentum applied after a sparse exchange, a coordinate that waits k
+    steps in the residual arrives as one lump and is then smeared over ~1/(1−m) later steps; here it
+    accumulates as momentum SGD would have moved it. With ``masking`` (momentum-factor masking, for
+    sparsifiers) the velocity is cleared where a value was sent, so a sent lump does not keep pushing
+    through stale momentum. Uncompressed tensors (warm-up, small ones) send the velocity itself:
+    averaged over ranks, that is exactly momentum SGD on the averaged gradient.
+    """
+
+    def __init__(self, momentum: float, masking: bool) -> None:
+        super().__init__()
+        self.momentum = momentum
+        self.masking = masking
+        self.velocity: dict[Hashable, torch.Tensor] = {}
+
+    def accumulate(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
+        u = self.velocity.get(key)
+        if u is None or u.shape != tensor.shape:
+            u = self.velocity[key] = tensor.detach().clone()
+        else:
+            u.mul_(self.momentum).add_(tensor)
+        return u
+
+    def compensate(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
+        return super().compensate(self.accumulate(tensor, key), key)
+
+    def update(self, compensated: torch.Tensor, key: Hashable, transmitted: torch.Tensor) -> None:
+        super().update(compensated, key, transmitted)
+        if self.masking:
+            self.velocity[key].masked_fill_(transmitted != 0, 0.0)

@@ -6,21 +6,23 @@ from typing import TYPE_CHECKING, Any
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from vatra.comm._base import build_compressor
+from vatra.comm._base import SparseCompressor, build_compressor
 from vatra.comm.hooks import HookState, compression_hook
-from vatra.comm.memory import Memory, NoMemory
+from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.topology import ByteCounter, build_topology
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
+from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
 
 
 class CommPlugin(Plugin):
-    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step) and ``comm_time_s`` to
-    each step's metrics and the run's total ``comm_bytes`` to the summary.
+    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step), ``comm_time_s`` and, with
+    error feedback, ``comm_residual_norm`` to each step's metrics and the run's total ``comm_bytes`` to
+    the summary.
 
     Without a process group (one rank) nothing is sent and both figures are 0. With
     ``method = "none"`` on the flat topology no hook is registered: DDP's built-in all-reduce
@@ -58,6 +60,8 @@ class CommPlugin(Plugin):
             compressor = build_compressor(self.cfg)
             use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
             memory = Memory() if use_memory else NoMemory()
+            if self.cfg.momentum_correction and use_memory:
+                memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
             self.state = HookState(
                 compressor=compressor,
                 memory=memory,
@@ -68,6 +72,19 @@ class CommPlugin(Plugin):
             )
             trainer.module.register_comm_hook(self.state, compression_hook)
         trainer.log_event("comm", method=self.cfg.method, topology=topology_name)
+
+    def _momentum_memory(self, trainer: Trainer, masking: bool) -> MomentumMemory:
+        """Move SGD's momentum from the optimizer into each rank's error-feedback memory (DGC)."""
+        optim = trainer.cfg.optim
+        if optim.name != "sgd" or optim.momentum == 0.0:
+            raise ConfigError(
+                "comm.momentum_correction needs optim.name = 'sgd' with optim.momentum > 0 "
+                f"(got {optim.name}, momentum {optim.momentum}); set comm.momentum_correction = false"
+            )
+        for group in trainer.optimizer.param_groups:
+            group["momentum"] = 0.0  # the hook's velocity replaces it; weight decay stays in the optimizer
+        trainer.log_event("comm", momentum_correction=optim.momentum, masking=masking)
+        return MomentumMemory(optim.momentum, masking)
 
     def on_step_start(self, trainer: Trainer) -> None:
         if self.state is not None:
@@ -84,6 +101,10 @@ class CommPlugin(Plugin):
         self.total_bytes += sent
         metrics["comm_bytes"] = sent
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
+        if isinstance(self.state, HookState) and self.state.memory.residuals:
+            # how much error feedback is holding back: growth without bound means the compressor
+            # cannot keep up (too sparse, or a scale that undershoots)
+            metrics["comm_residual_norm"] = self.state.memory.residual_norm()
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         summary["comm_bytes"] = self.total_bytes

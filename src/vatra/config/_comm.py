@@ -13,12 +13,25 @@ CompressionMethod = Literal["none", "fp16", "bf16", "topk", "randomk", "onebit",
 
 class CommConfig(Section):
     method: CompressionMethod = Field(
-        "none", description="Gradient compressor; 'none' still routes through vatra's hook and counts bytes."
+        "none",
+        description="Gradient compressor; 'none' on the flat topology keeps DDP's built-in all-reduce.",
     )
     ratio: float = Field(0.01, gt=0.0, le=1.0, description="topk/randomk: share of elements sent per tensor.")
+    onebit_scale: Literal["tensor", "row"] = Field(
+        "tensor",
+        description="onebit: one mean |x| scale per tensor, or per row of each matrix (per output unit).",
+    )
     levels: int = Field(16, ge=1, le=127, description="qsgd: quantisation levels s (sent as int8).")
     rank: int = Field(4, ge=1, description="powersgd: rank of the low-rank approximation.")
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
+    momentum_correction: bool = Field(
+        False,
+        description=(
+            "DGC momentum correction: with optim.name = 'sgd' and momentum m, each rank compresses its "
+            "own velocity (u ← m·u + g, error feedback on u) and the optimizer's momentum is turned off; "
+            "sparsifiers also clear u where they sent (momentum-factor masking)."
+        ),
+    )
     start_step: int = Field(
         0,
         ge=0,
