@@ -47,6 +47,9 @@ class Detector:
     # True when ``learn`` leaves ``score`` unchanged until the next ``ready`` check (a fitted model
     # swapped in between windows): the ensemble may then score a whole window in one call.
     window_scoring: ClassVar[bool] = False
+    # Relative cost of scoring; the ensemble asks cheaper detectors first and skips the others
+    # once the vote is decided.
+    cost: ClassVar[int] = 1
 
     def __init__(self, cfg: MonitorConfig, n_features: int) -> None:
         self.cfg = cfg

@@ -20,14 +20,27 @@ def squash(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class FittedAutoencoder:
-    net: nn.Module
+    """The trained network's layers as numpy arrays: scoring a window of a few rows through four
+    tiny layers costs ~20 µs in numpy against ~250 µs of torch dispatch."""
+
+    layers: list[tuple[np.ndarray, np.ndarray]]  # (weight (out, in), bias (out,)), tanh between
     mean: np.ndarray  # (F,) standardisation of the training rows
     std: np.ndarray  # (F,)
 
-    @torch.no_grad()
+    @classmethod
+    def from_net(cls, net: nn.Sequential, mean: np.ndarray, std: np.ndarray) -> FittedAutoencoder:
+        linears = [m for m in net if isinstance(m, nn.Linear)]
+        layers = [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in linears]
+        return cls(layers, mean, std)
+
     def score(self, x: np.ndarray) -> np.ndarray:
-        z = torch.from_numpy(((squash(x) - self.mean) / self.std).astype(np.float32))  # (n, F)
-        return ((self.net(z) - z) ** 2).mean(dim=1).double().numpy()
+        z = ((squash(x) - self.mean) / self.std).astype(np.float32).astype(np.float64)  # (n, F)
+        h = z
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w.T + b
+            if i < len(self.layers) - 1:
+                h = np.tanh(h)
+        return ((h - z) ** 2).mean(axis=1)
 
 
 @register("autoencoder")
@@ -39,6 +52,7 @@ class AutoencoderDetector(LearnedDetector):
     """
 
     epochs = 150
+    cost = 2  # four small matrix products
     hidden = 16
     bottleneck = 2
 
@@ -65,8 +79,7 @@ class AutoencoderDetector(LearnedDetector):
             loss = ((net(data) - data) ** 2).mean()
             loss.backward()
             opt.step()
-        net.eval()
-        return FittedAutoencoder(net, mean, std)
+        return FittedAutoencoder.from_net(net, mean, std)
 
     def margin(self) -> float:
         return self.cfg.autoencoder_margin

@@ -13,6 +13,8 @@ from vatra.config._monitor import MonitorConfig
 # Importing the modules registers the detectors by name.
 from vatra.monitor import autoencoder, iforest, zscore  # noqa: F401
 from vatra.monitor._base import Detector, build_detector
+from vatra.monitor._fitproc import build_fitter
+from vatra.monitor._learned import LearnedDetector
 from vatra.monitor.zscore import RobustZ
 
 FEATURES = ("loss_z", "grad_norm_z", "loss_change_z")
@@ -79,9 +81,12 @@ class Ensemble:
         self.cfg = cfg
         self.builder = FeatureBuilder(cfg.ewma_alpha)
         self.detectors: list[Detector] = [build_detector(n, cfg, len(FEATURES)) for n in cfg.detectors]
+        self.fitter = build_fitter(cfg.fit_in)  # one helper process for all learned detectors
         for d in self.detectors:
             if hasattr(d, "seed"):
                 d.seed = seed
+            if isinstance(d, LearnedDetector):
+                d.fitter = self.fitter
         self.seen = 0
 
     def observe(self, step: int, loss: float, grad_norm: float) -> Alarm | None:
@@ -92,9 +97,15 @@ class Ensemble:
     ) -> list[Alarm | None]:
         """Judge a window of consecutive steps, in step order; one verdict per step.
 
-        Same decisions as one ``observe`` per step, but each learned detector scores the whole
-        window in one call (a forest or network evaluated per row cost ~0.5 ms a step). Their
-        models are swapped in at window boundaries only, which delays a refit by < one window.
+        Same decisions as one ``observe`` per step, but cheaper:
+
+        - each learned detector scores the rows of the window in one call (a forest or network
+          evaluated per row cost ~0.5 ms a step); their models are swapped in at window boundaries
+          only, which delays a refit by < one window;
+        - detectors are asked cheapest first, and only about rows whose vote is still open: once
+          ``vote`` have fired, or too few are left to reach it, the rest are not asked. On a clean
+          run the robust z and the autoencoder agree that a step is normal and the forest is never
+          walked. An alarm still records every detector's score (they are filled in for it).
         """
         verdicts: list[Alarm | None] = [None] * len(steps)
         rows: list[tuple[int, np.ndarray]] = []  # (position in window, features) of finite steps
@@ -107,25 +118,55 @@ class Ensemble:
         if not rows:
             return verdicts
         ready = [d for d in self.detectors if d.ready]
+        need = min(self.cfg.vote, len(ready))
         window = np.stack([x for _, x in rows])  # (n, F)
-        batch = {d.name: d.score_many(window) for d in ready if d.window_scoring}
+        n = len(rows)
+        # Rows judged at all: past the warm-up (counted per finite row, as `observe` would).
+        judged = self.seen + np.arange(1, n + 1) > self.cfg.warmup_steps
+        self.seen += n
+        batch = sorted((d for d in ready if d.window_scoring), key=lambda d: d.cost)
+        one_by_one = [d for d in ready if not d.window_scoring]
+        scores: dict[str, np.ndarray] = {d.name: np.full(n, np.nan) for d in batch}
+        fired = np.zeros(n, np.int64)
+        left = len(ready)
+        for d in batch:
+            left -= 1  # detectors after this one
+            open_rows = judged & (fired < need) & (fired + 1 + left >= need)
+            if open_rows.any():
+                scores[d.name][open_rows] = d.score_many(window[open_rows])
+                fired += scores[d.name] > d.threshold()  # NaN (not asked) compares False
         for i, (j, x) in enumerate(rows):
-            self.seen += 1
             alarm = None
-            if self.seen > self.cfg.warmup_steps and ready:
-                scores = {d.name: float(batch[d.name][i]) if d.name in batch else d.score(x) for d in ready}
-                thresholds = {d.name: d.threshold() for d in ready}
-                fired = [n for n in scores if scores[n] > thresholds[n]]
-                if len(fired) >= min(self.cfg.vote, len(ready)):
-                    values = {"loss": losses[j], "grad_norm": grad_norms[j]}
-                    feats = dict(zip(FEATURES, x.tolist(), strict=True))
-                    alarm = Alarm(steps[j], fired, scores, thresholds, values, feats)
+            if judged[i] and ready and fired[i] + len(one_by_one) >= need:
+                row = {name: float(v[i]) for name, v in scores.items()}
+                for d in one_by_one:  # scored here, after the rows before have been learned
+                    row[d.name] = d.score(x)
+                if sum(row[d.name] > d.threshold() for d in one_by_one) + fired[i] >= need:
+                    alarm = self._alarm(steps[j], ready, row, x, losses[j], grad_norms[j])
             if alarm is None:
                 for d in self.detectors:
                     d.learn(x)
             verdicts[j] = alarm
         return verdicts
 
+    @staticmethod
+    def _alarm(
+        step: int, ready: list[Detector], row: dict[str, float], x: np.ndarray, loss: float, grad_norm: float
+    ) -> Alarm:
+        """The alarm's record, with the scores of the detectors the vote did not need to ask."""
+        scores = {
+            d.name: row[d.name]
+            if math.isfinite(row.get(d.name, math.nan))
+            else float(d.score_many(x[None])[0])
+            for d in ready
+        }
+        thresholds = {d.name: d.threshold() for d in ready}
+        fired = [name for name in scores if scores[name] > thresholds[name]]
+        values = {"loss": loss, "grad_norm": grad_norm}
+        return Alarm(step, fired, scores, thresholds, values, dict(zip(FEATURES, x.tolist(), strict=True)))
+
     def close(self) -> None:
+        """Wait for fits in flight, then stop the helper process (a later fit starts a new one)."""
         for d in self.detectors:
             d.close()
+        self.fitter.close()

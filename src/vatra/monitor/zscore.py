@@ -93,12 +93,18 @@ class ZScoreDetector(Detector):
     Stateless beyond those baselines, so it is ready as soon as the warm-up is over.
     """
 
+    window_scoring = True  # stateless: a row's score does not depend on the rows before it
+    cost = 0
+
     @property
     def ready(self) -> bool:
         return True
 
     def score(self, x: np.ndarray) -> float:
         return float(x.max())
+
+    def score_many(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x.max(axis=1), dtype=np.float64)
 
     def threshold(self) -> float:
         return self.cfg.zscore_threshold
