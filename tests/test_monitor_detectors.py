@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from tests.conftest import small_config
 from vatra.config import MonitorConfig
 from vatra.engine import Trainer
 from vatra.monitor import Ensemble, JsonlWriter, TrainingFaults
-from vatra.monitor.iforest import PackedForest
+from vatra.monitor.iforest import IsolationForestDetector, PackedForest
 from vatra.monitor.zscore import RobustZ
 from vatra.rundir import RunDir, read_jsonl
 
@@ -54,7 +55,8 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[fl
 
 def _alarms(detector: str, stream: list[tuple[float, float]]) -> list[int]:
     """Steps at which an ensemble of this one detector alarms; learned fits are awaited, not raced."""
-    ens = Ensemble(MonitorConfig(detectors=[detector], vote=1))
+    # Fits in a thread: this test is about what the detectors flag (the helper process is tested below).
+    ens = Ensemble(MonitorConfig(detectors=[detector], vote=1, fit_in="thread"))
     out = []
     for step, (loss, grad_norm) in enumerate(stream, start=1):
         if step == ens.cfg.warmup_steps + 1:
@@ -78,7 +80,7 @@ def test_detector_quiet_on_clean_runs_and_flags_spikes(detector: str, streams: d
 
 @pytest.mark.parametrize("detector", ["zscore", "iforest", "autoencoder"])
 def test_nan_is_always_an_alarm(detector: str, streams: dict) -> None:
-    ens = Ensemble(MonitorConfig(detectors=[detector], vote=1))
+    ens = Ensemble(MonitorConfig(detectors=[detector], vote=1, fit_in="thread"))
     for step, (loss, grad_norm) in enumerate(streams["clean-0"][:50], start=1):
         assert ens.observe(step, loss, grad_norm) is None  # warm-up: only non-finite values alarm
     alarm = ens.observe(51, math.nan, 1.0)
@@ -108,3 +110,31 @@ def test_robust_z_follows_a_level_shift_but_not_a_spike() -> None:
     for v in rng.normal(2.0, 0.1, size=300):
         z.update(float(v))
     assert abs(z.z(2.0)) < 3  # a lasting shift becomes the new normal
+
+
+def _fails(message: str) -> None:
+    raise ValueError(message)
+
+
+def test_fits_run_in_a_helper_process_that_reports_errors_and_exits_with_its_parent() -> None:
+    from vatra.monitor._fitproc import ProcessFitter
+
+    fitter = ProcessFitter()
+    assert fitter.submit(os.getpid).result(timeout=120) != os.getpid()  # ran in another process
+    with pytest.raises(RuntimeError, match="ValueError: bad rows"):
+        fitter.submit(_fails, "bad rows").result(timeout=60)
+    # The same detector fitted in the helper scores like one fitted here (same seed, same rows).
+    rows = np.random.default_rng(0).normal(size=(200, 3))
+    det = IsolationForestDetector(MonitorConfig(warmup_steps=200, fit_in="process"), 3)
+    det.fitter = fitter
+    for row in rows:
+        det.learn(row)
+    det.close()
+    here = IsolationForestDetector(MonitorConfig(warmup_steps=200), 3)
+    model, threshold = here._fit_and_calibrate(rows)
+    assert det.ready and det.threshold() == threshold
+    np.testing.assert_array_equal(det.score_many(rows[:20]), model.score(rows[:20]))
+    helper = fitter.proc
+    assert helper is not None
+    fitter.close()  # closing its stdin ends the helper
+    assert helper.poll() is not None and fitter.proc is None

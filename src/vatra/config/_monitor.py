@@ -32,6 +32,11 @@ class MonitorConfig(Section):
         ge=0,
         description="Clean steps between refits of the learned detectors (background thread); 0 = never.",
     )
+    fit_in: Literal["process", "thread"] = Field(
+        "process",
+        description="Where iforest/autoencoder fit: a niced helper process (no GIL contention with "
+        "training) or a thread of rank 0's training process.",
+    )
     zscore_threshold: float = Field(
         10.0, gt=0.0, description="zscore: robust z (over EWMA and spread) above which a value is a spike."
     )

@@ -1,16 +1,17 @@
-"""Shared machinery of the learned detectors: a clean-row buffer and fits in a background thread."""
+"""Shared machinery of the learned detectors: a clean-row buffer and fits off the training loop."""
 
 from __future__ import annotations
 
-import threading
+import warnings
 from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
-import torch
 
 from vatra.config._monitor import MonitorConfig
 from vatra.monitor._base import Detector, calibrated_threshold
+from vatra.monitor._fitproc import Fitter, build_fitter
 
 MAX_TRAIN_ROWS = 512
 
@@ -18,9 +19,11 @@ MAX_TRAIN_ROWS = 512
 class LearnedDetector(Detector):
     """Fits on the first ``warmup_steps`` clean rows, then again every ``refit_every`` clean rows.
 
-    Subclasses implement ``_fit(X) -> model`` and ``_score(model, X) -> scores``. Every fit runs in
-    a daemon thread; the new model replaces the old one at the first ``ready`` check after the
-    thread finishes (so the detector is not ready until its first fit is done).
+    Subclasses implement ``_fit(X) -> model`` and ``_score(model, X) -> scores``; the model must
+    pickle (numpy arrays, not live torch modules). Every fit runs on a :class:`Fitter` (the
+    ensemble's helper process by default, see ``_fitproc``); the new model replaces the old one at
+    the first ``ready`` check after the fit finishes, so the detector is not ready until its first
+    fit is done. A failed fit keeps the previous model, warns, and is retried when the next is due.
     """
 
     window_scoring = True  # the model only changes at a `ready` check (see `_swap`)
@@ -31,9 +34,11 @@ class LearnedDetector(Detector):
         self.model: Any = None
         self._threshold = float("inf")
         self._since_fit = 0
-        self._thread: threading.Thread | None = None
-        self._pending: tuple[Any, float] | None = None
+        self._future: Future[tuple[Any, float]] | None = None
+        self.fitter: Fitter | None = None  # set by the ensemble; else one of its own, built on demand
+        self._own_fitter = False
         self.fits = 0
+        self.fit_error: str | None = None
 
     def _fit(self, x: np.ndarray) -> Any:
         raise NotImplementedError
@@ -50,10 +55,17 @@ class LearnedDetector(Detector):
         return self.cfg.score_margin
 
     def _swap(self) -> None:
-        if self._pending is not None:
-            self.model, self._threshold = self._pending
-            self._pending = None
+        if self._future is None or not self._future.done():
+            return
+        future, self._future = self._future, None
+        try:
+            self.model, self._threshold = future.result()
             self.fits += 1
+        except Exception as exc:
+            self.fit_error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(
+                f"{self.name} detector: fit failed ({self.fit_error}); keeping the last model", stacklevel=2
+            )
 
     @property
     def ready(self) -> bool:
@@ -74,21 +86,28 @@ class LearnedDetector(Detector):
         self._since_fit += 1
         due = self.model is None and self.fits == 0 and len(self.buffer) >= self.cfg.warmup_steps
         due |= self.model is not None and self.cfg.refit_every > 0 and self._since_fit >= self.cfg.refit_every
-        if due and (self._thread is None or not self._thread.is_alive()) and self._pending is None:
-            rows = np.stack(self.buffer)
+        if due and self._future is None:
+            if self.fitter is None:
+                self.fitter, self._own_fitter = build_fitter(self.cfg.fit_in), True
             self._since_fit = 0
-            self._thread = threading.Thread(target=self._work, args=(rows,), name=f"vatra-fit-{self.name}")
-            self._thread.daemon = True
-            self._thread.start()
-
-    def _work(self, rows: np.ndarray) -> None:
-        # One intra-op thread, set for this thread only (OpenMP's setting is per thread): a fit must
-        # not compete with the training step for cores.
-        torch.set_num_threads(1)
-        self._pending = self._fit_and_calibrate(rows)
+            args = (type(self), self.cfg, self.n_features, getattr(self, "seed", 0), self.fits)
+            self._future = self.fitter.submit(_fit_job, *args, np.stack(self.buffer))
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Wait for a fit in flight and take its model."""
+        if self._future is not None:
+            self._future.exception()  # waits; a failure is reported by _swap
         self._swap()
+        if self._own_fitter and self.fitter is not None:
+            self.fitter.close()
+            self.fitter, self._own_fitter = None, False
+
+
+def _fit_job(
+    cls: type[LearnedDetector], cfg: MonitorConfig, n_features: int, seed: int, fits: int, rows: np.ndarray
+) -> tuple[Any, float]:
+    """One fit, wherever the fitter runs it: a fresh detector with the same settings fits ``rows``."""
+    det = cls(cfg, n_features)
+    det.seed = seed  # type: ignore[attr-defined]
+    det.fits = fits
+    return det._fit_and_calibrate(rows)

@@ -1,0 +1,134 @@
+"""Where the learned detectors fit: a helper process (default) or a thread of the training process.
+
+A fit is ~0.1 s of scikit-learn or ~0.1–1 s of small torch steps, nearly all of it holding the
+GIL. In a thread of the training process it stalls the training loop for about that long: every
+torch op releases the GIL, and getting it back waits on the fitting thread (up to the 5 ms switch
+interval each time). Measured on the digits example, one warm-up fit cost the loop more than the
+rest of the monitor's work over 1,500 steps. In a separate process the fit runs on another core
+(niced, so training keeps priority) and the loop only pays for pickling a few hundred rows.
+
+The helper is started on the first fit, as a fresh ``python`` running :func:`serve`: it shares nothing
+with the training process (no fork of a process with running threads, no re-import of the user's
+main script as multiprocessing's spawn does), reads pickled ``(function, args)`` jobs on stdin and
+writes pickled ``(ok, result)`` on stdout. It exits when its stdin closes, so it never outlives the
+training process, even after a kill -9.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+
+class Fitter:
+    """Runs ``fn(*args)`` off the training loop and returns a Future of its result."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the worker (pending futures complete first)."""
+
+
+class ThreadFitter(Fitter):
+    """A daemon thread per fit, in this process (``monitor.fit_in = "thread"``)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+
+        def work() -> None:
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # the future carries it to whoever reads the result
+                fut.set_exception(exc)
+
+        threading.Thread(target=work, name="vatra-fit", daemon=True).start()
+        return fut
+
+
+class ProcessFitter(Fitter):
+    """One helper process, started on the first ``submit``; jobs run one at a time, in order."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()  # one job on the pipe at a time
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self.proc is None or self.proc.poll() is not None:
+            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            # The same import path as this process (tests and scripts may extend sys.path).
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from vatra.monitor._fitproc import serve; serve()"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+        return self.proc
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+
+        def work() -> None:
+            try:
+                with self.lock:
+                    proc = self._start()
+                    assert proc.stdin is not None and proc.stdout is not None
+                    pickle.dump((fn, args), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                    proc.stdin.flush()
+                    ok, value = pickle.load(proc.stdout)  # blocks without holding the GIL
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(RuntimeError(f"detector fit failed in the helper process: {value}"))
+            except BaseException as exc:  # a dead helper (EOFError, BrokenPipeError) fails this fit
+                fut.set_exception(exc)
+
+        threading.Thread(target=work, name="vatra-fit-io", daemon=True).start()
+        return fut
+
+    def close(self) -> None:
+        with self.lock:  # after any job in flight
+            if self.proc is not None:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()  # EOF: the helper's loop ends
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+                if self.proc.stdout is not None:
+                    self.proc.stdout.close()
+                self.proc = None
+
+
+def build_fitter(kind: str) -> Fitter:
+    return ProcessFitter() if kind == "process" else ThreadFitter()
+
+
+def serve() -> None:
+    """The helper's loop: one pickled job in, one pickled ``(ok, result)`` out, until EOF."""
+    jobs, results = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
+    if hasattr(os, "nice"):
+        os.nice(10)  # fits can wait; the training processes on this machine cannot
+    import torch
+
+    torch.set_num_threads(1)
+    while True:
+        try:
+            fn, args = pickle.load(jobs)
+        except EOFError:
+            return
+        try:
+            out = (True, fn(*args))
+        except Exception as exc:
+            out = (False, f"{type(exc).__name__}: {exc}")
+        pickle.dump(out, results, protocol=pickle.HIGHEST_PROTOCOL)
+        results.flush()
