@@ -91,3 +91,46 @@ def test_high_data_wait_raises_prefetch_and_keeps_the_batch_order(tmp_path: Path
     reference.sampler.load_state_dict({**reference.sampler.state_dict(), "position": 0})
     assert np.array_equal(pre.next_batch()[1].numpy(), reference.next_batch()[1].numpy())
     pre.close()
+
+
+def test_snapshot_reusing_buffers_copies_exactly_and_does_not_alias(tmp_path: Path) -> None:
+    from vatra.resilience.heal.rollback import Snapshot
+
+    trainer, _, _ = _fit(tmp_path, steps=5)
+    old = Snapshot.take(trainer)
+    trainer.train_step()
+    new = Snapshot.take(trainer, reuse=old)
+    weights = trainer.model.state_dict()
+    moments = trainer.optimizer.state_dict()["state"]
+    for k, v in weights.items():
+        assert torch.equal(new.model[k], v) and new.model[k].data_ptr() != v.data_ptr()
+    assert new.model["net.1.weight"].data_ptr() == old.model["net.1.weight"].data_ptr()  # reused
+    for i, st in moments.items():
+        for k, v in st.items():
+            assert torch.equal(new.optimizer["state"][i][k], v)
+    frozen = {k: v.clone() for k, v in new.model.items()}
+    trainer.train_step()  # training on must not change the snapshot
+    assert all(torch.equal(new.model[k], frozen[k]) for k in frozen)
+    new.restore(trainer)
+    assert trainer.state.step == new.step and torch.equal(
+        trainer.model.state_dict()["net.1.weight"], frozen["net.1.weight"]
+    )
+
+
+def test_prefetch_needs_two_data_bound_windows_in_a_row() -> None:
+    from vatra.monitor.plugin import Verdict
+    from vatra.resilience.heal.prefetch import Prefetch
+
+    policy = Prefetch(small_config())
+
+    def verdict(share: float) -> Verdict:
+        return Verdict(
+            step=10, steps=[10], loss=[1.0], alarms=0, straggler_ratio=1.0, slowest_rank=0, data_share=share
+        )
+
+    trainer: Any = None  # the policy decides from the verdict alone
+    assert policy.on_step_end(trainer, verdict(0.9)) is None  # one descheduled fetch: not yet
+    assert policy.on_step_end(trainer, verdict(0.1)) is None
+    assert policy.on_step_end(trainer, verdict(0.9)) is None
+    action = policy.on_step_end(trainer, verdict(0.9))
+    assert action is not None and action.kind == "prefetch" and action.evidence["depth"] == 1

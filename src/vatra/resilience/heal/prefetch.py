@@ -61,21 +61,31 @@ class Prefetcher:
 
 @register("prefetch")
 class Prefetch(Policy):
-    """When the monitor sees any rank spend more than ``data_wait_share`` of its step waiting for
-    data, double the prefetch depth (1, 2, 4, … up to ``max_prefetch``)."""
+    """When the monitor sees a rank spend more than ``data_wait_share`` of its step waiting for
+    data in two windows in a row, double the prefetch depth (1, 2, 4, … up to ``max_prefetch``).
+
+    One window is not enough: on a busy machine a single descheduled data fetch makes a window of
+    cheap steps look data-bound, and prefetch threads only cost time when loading is cheap.
+    """
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.prefetcher: Prefetcher | None = None
+        self.waited = False  # the previous window was data-bound
 
     def on_step_end(self, trainer: Trainer, verdict: Verdict | None) -> Action | None:
-        if verdict is None or verdict.data_share <= self.cfg.data_wait_share:
+        if verdict is None:
+            return None
+        waiting = verdict.data_share > self.cfg.data_wait_share
+        confirmed, self.waited = waiting and self.waited, waiting
+        if not confirmed:
             return None
         depth = self.prefetcher.depth if self.prefetcher else 0
         if depth >= self.cfg.max_prefetch:
             return None
         new = min(max(1, 2 * depth), self.cfg.max_prefetch)
         reason = f"data wait is {verdict.data_share:.0%} of step time; prefetch {depth} → {new} batches"
+        self.waited = False  # the next raise needs two more data-bound windows at the new depth
         return Action(
             self.name, "prefetch", reason, {"data_share": verdict.data_share, "depth": new}, capped=False
         )
