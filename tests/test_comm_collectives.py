@@ -39,7 +39,7 @@ def _worker(rank: int, max_world: int, rdzv_dir: str) -> None:
     """One spawn for every world size: ranks < W form a fresh default group of size W in turn."""
     torch.set_num_threads(1)
     ring_module.PIECE_BYTES = 256  # large ring messages travel in pieces: make small tests use them too
-    hier_module.CHUNK_BYTES = 64  # and the hierarchical pipeline in chunks: n ≥ 17 takes several
+    hier_module.CHUNK_BYTES = 1024  # and the hierarchical pipeline in chunks: n > 256 takes several
     for world in range(2, max_world + 1):
         if rank < world:
             init = f"file://{rdzv_dir}/rdzv{world}"
