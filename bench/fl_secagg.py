@@ -1,14 +1,21 @@
 """Secure aggregation vs plain FedAvg: bytes per client and time per round at 10, 50 and 100 clients.
 
     python bench/fl_secagg.py [--params 110000] [--clients 10 50 100] [--k 16] [--drop 0.1] [--repeat 3]
+                              [--prg aes-ctr|chacha20]
 
 One round's upload path for a model of ``--params`` float32 parameters, measured in one process:
-- plain: each client sends its update as a wire message; the server decodes and averages;
+- plain: each client sends its update as a wire message; the server does what the FedAvg server
+  does with it (decode, the dtype/shape/finiteness check, sample-weighted mean in float64);
+  ``plain_light_server_s`` in the JSON is the same without the check (the earlier baseline);
 - secagg full / secagg+ (k neighbours): the four protocol stages with every message packed as it
   travels in the deployment, client work and server work timed separately, with and without
-  ``--drop`` of the clients vanishing after key sharing (the server must then rebuild their masks).
+  ``--drop`` of the clients vanishing after key sharing (the server must then rebuild their masks);
+  the server's time ends with the dequantized sum, as the FedAvg server uses it.
 Clients run in parallel in reality, so the modelled round time is the local training time of the
 same-size model (measured here) + the slowest client's protocol work + the server's work.
+Tries of every case are interleaved with plain tries, each timing is the fastest of its tries, and
+the server's CPU time (process time, which excludes time the process waits for a core) is taken
+beside its wall time: on a shared machine its ratio is the steadier of the two.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from vatra.config import SecureAggregationConfig
 from vatra.federated._base import FitRes, weighted_mean
 from vatra.federated.secagg import LocalParties, Quantizer, SecAggServer
 from vatra.federated.secagg.channel import ClientParty
-from vatra.federated.wire import decode_res, encode_res
+from vatra.federated.wire import check_update, decode_res, encode_res
 
 
 def train_time(params: int, steps: int = 10, batch: int = 32) -> float:
@@ -42,14 +49,19 @@ def train_time(params: int, steps: int = 10, batch: int = 32) -> float:
     return time.perf_counter() - t0
 
 
-def plain_round(updates: list[np.ndarray]) -> dict[str, Any]:
+def plain_round(updates: list[np.ndarray], check: bool = True) -> dict[str, Any]:
+    """What the FedAvg server does with the uploads (``check=False``: without the update check)."""
     blobs = [encode_res(FitRes(c, 1, 100, u, {})) for c, u in enumerate(updates)]
-    t0 = time.perf_counter()
-    mean = weighted_mean([decode_res(b) for b in blobs])
-    server = time.perf_counter() - t0
+    t0, c0 = time.perf_counter(), time.process_time()
+    results = [decode_res(b) for b in blobs]
+    if check and any(check_update(r, updates[0].size) for r in results):
+        raise AssertionError("a plain update failed the server's check")
+    mean = weighted_mean(results)
+    server, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {
         "bytes_up": float(np.mean([len(b) for b in blobs])),
         "server_s": server,
+        "server_cpu_s": cpu,
         "client_s": 0.0,
         "mean": mean,
     }
@@ -61,41 +73,45 @@ class TimedParties(LocalParties):
     def __init__(self, cfg: SecureAggregationConfig, inputs: Any) -> None:
         super().__init__(cfg, inputs)
         self.client_s: dict[int, float] = {}
+        self.client_cpu = 0.0
 
     def deliver(self, stage: str, rnd: int, blobs: dict[int, bytes]) -> dict[int, bytes | str]:
         out: dict[int, bytes | str] = {}
         for cid, blob in blobs.items():
             party = self.parties.setdefault(cid, ClientParty(cid, self.cfg, self.inputs))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out[cid] = party.respond(blob)
             self.client_s[cid] = self.client_s.get(cid, 0.0) + time.perf_counter() - t0
+            self.client_cpu += time.process_time() - c0
         return out
 
 
-def secure_round(updates: list[np.ndarray], mode: str, k: int, drop: float) -> dict[str, Any]:
+def secure_round(updates: list[np.ndarray], mode: str, k: int, drop: float, prg: str) -> dict[str, Any]:
     n = len(updates)
-    cfg = SecureAggregationConfig(enabled=True, mode=mode, neighbours=k)
+    cfg = SecureAggregationConfig(enabled=True, mode=mode, neighbours=k, prg=prg)
     parties = TimedParties(cfg, lambda cid, n1: Quantizer(cfg.bits, cfg.clip, n1).encode(updates[cid]))
     dropped = round(drop * n)
     if dropped:
         parties.drops[(1, "masked_input")] = set(range(n - dropped, n))
     server = SecAggServer(1, cfg, list(range(n)), updates[0].size, seed=1)
-    server_s = 0.0
+    server_s = server_cpu = 0.0
 
     def timed(fn: Any, *a: Any) -> Any:
-        nonlocal server_s
-        t0 = time.perf_counter()
+        nonlocal server_s, server_cpu
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn(*a)
         server_s += time.perf_counter() - t0
+        server_cpu += time.process_time() - c0
         return out
 
     def exchange(stage: str, requests: dict[int, Any]) -> dict[int, Any]:
         """The channel: the server's share is packing requests and unpacking replies."""
-        nonlocal server_s
-        before = sum(parties.client_s.values())
-        t0 = time.perf_counter()
+        nonlocal server_s, server_cpu
+        before, before_cpu = sum(parties.client_s.values()), parties.client_cpu
+        t0, c0 = time.perf_counter(), time.process_time()
         replies = parties.exchange(stage, 1, requests)
         server_s += time.perf_counter() - t0 - (sum(parties.client_s.values()) - before)
+        server_cpu += time.process_time() - c0 - (parties.client_cpu - before_cpu)
         return replies
 
     # the driver of secure_sum, with the server's steps timed
@@ -104,17 +120,17 @@ def secure_round(updates: list[np.ndarray], mode: str, k: int, drop: float) -> d
     replies = exchange("masked_input", timed(server.masked_input_requests, replies))
     replies = exchange("unmask", timed(server.unmask_requests, replies))
     total = timed(server.finish, replies)
-    survivors = range(n - dropped)
     q = Quantizer(cfg.bits, cfg.clip, n)
-    err = float(
-        np.abs(q.decode_sum(total) - np.sum([updates[c].astype(np.float64) for c in survivors], axis=0)).max()
-    )
+    summed = timed(q.decode_sum, total)  # dequantized: what the FedAvg server divides by the weight
+    survivors = range(n - dropped)
+    err = float(np.abs(summed - np.sum([updates[c].astype(np.float64) for c in survivors], axis=0)).max())
     assert err <= q.max_error(n), err
     senders = n - dropped
     return {
         "bytes_up": parties.bytes_up / senders,
         "bytes_down": parties.bytes_down / n,
         "server_s": server_s,
+        "server_cpu_s": server_cpu,
         "client_s": max(parties.client_s.values()),
         "threshold": server.t,
         "max_abs_error": err,
@@ -128,52 +144,77 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16, help="secagg+ neighbours")
     ap.add_argument("--drop", type=float, default=0.1, help="share of clients dropping after key sharing")
     ap.add_argument("--repeat", type=int, default=3, help="timings: the fastest of this many runs")
+    ap.add_argument("--prg", choices=["aes-ctr", "chacha20"], default="aes-ctr", help="mask expansion")
     args = ap.parse_args()
     torch.set_num_threads(1)
     train_s = min(train_time(args.params) for _ in range(3))
-    rows, table = [], []
+    rows: list[dict[str, Any]] = []
     for n in args.clients:
         rng = np.random.default_rng(n)
         updates = [rng.normal(0, 0.01, args.params).astype(np.float32) for _ in range(n)]
-        plain = min((plain_round(updates) for _ in range(args.repeat)), key=lambda p: p["server_s"])
-        plain_round_s = train_s + plain["server_s"]
-        for mode, drop in [("full", 0.0), ("full", args.drop), ("secagg+", 0.0), ("secagg+", args.drop)]:
-            if mode == "secagg+" and args.k >= n - 1:
-                continue
-            tries = [secure_round(updates, mode, args.k, drop) for _ in range(args.repeat)]
-            r = {**tries[0], **{key: min(t[key] for t in tries) for key in ("client_s", "server_s")}}
-            round_s = train_s + r["client_s"] + r["server_s"]
-            row = {
-                "clients": n,
-                "mode": mode if mode == "full" else f"secagg+ k={args.k}",
-                "dropped": drop,
-                "plain_bytes_up": plain["bytes_up"],
-                **{k: v for k, v in r.items()},
-                "expansion": r["bytes_up"] / plain["bytes_up"],
-                "plain_server_s": plain["server_s"],
-                "round_s": round_s,
-                "plain_round_s": plain_round_s,
-                "round_ratio": round_s / plain_round_s,
-            }
-            rows.append(row)
-            table.append(
-                [
-                    n,
-                    row["mode"],
-                    f"{drop:.0%}",
-                    row["bytes_up"] / 1e3,
-                    row["expansion"],
-                    r["client_s"],
-                    r["server_s"],
-                    plain["server_s"],
-                    round_s,
-                    row["round_ratio"],
-                ]
+        cases = [("full", 0.0), ("full", args.drop), ("secagg+", 0.0), ("secagg+", args.drop)]
+        cases = [(m, d) for m, d in cases if m == "full" or args.k < n - 1]
+        # interleaved: every try of a case sits next to a plain try and a training try, so the
+        # fastest-of-N of each spans the same stretches of a noisy, shared machine
+        plains: list[dict[str, Any]] = []
+        lights: list[float] = []
+        secure: dict[tuple[str, float], list[dict[str, Any]]] = {c: [] for c in cases}
+        for _ in range(args.repeat):
+            for case in cases:
+                plains.append(plain_round(updates))
+                lights.append(plain_round(updates, check=False)["server_s"])
+                train_s = min(train_s, train_time(args.params))
+                secure[case].append(secure_round(updates, case[0], args.k, case[1], args.prg))
+        plain = min(plains, key=lambda p: p["server_s"])
+        plain_cpu = min(p["server_cpu_s"] for p in plains)
+        for mode, drop in cases:
+            tries = secure[(mode, drop)]
+            fastest = ("client_s", "server_s", "server_cpu_s")
+            r = {**tries[0], **{key: min(t[key] for t in tries) for key in fastest}}
+            rows.append(
+                {
+                    "clients": n,
+                    "mode": mode if mode == "full" else f"secagg+ k={args.k}",
+                    "dropped": drop,
+                    "plain_bytes_up": plain["bytes_up"],
+                    **r,
+                    "expansion": r["bytes_up"] / plain["bytes_up"],
+                    "plain_server_s": plain["server_s"],
+                    "plain_light_server_s": min(lights),
+                    "server_ratio": r["server_s"] / plain["server_s"],
+                    "plain_server_cpu_s": plain_cpu,
+                    "server_cpu_ratio": r["server_cpu_s"] / plain_cpu,
+                }
             )
-            print(f"n={n} {row['mode']} drop {drop:.0%}: round {round_s:.2f} s", flush=True)
+            print(
+                f"n={n} {rows[-1]['mode']} drop {drop:.0%}: server {r['server_s'] * 1e3:.1f} ms "
+                f"= {rows[-1]['server_ratio']:.1f}x plain (CPU time: {rows[-1]['server_cpu_ratio']:.1f}x)",
+                flush=True,
+            )
+    for row in rows:  # clients run in parallel: training + the slowest client + the server
+        row["round_s"] = train_s + row["client_s"] + row["server_s"]
+        row["plain_round_s"] = train_s + row["plain_server_s"]
+        row["round_ratio"] = row["round_s"] / row["plain_round_s"]
+    table = [
+        [
+            row["clients"],
+            row["mode"],
+            f"{row['dropped']:.0%}",
+            row["bytes_up"] / 1e3,
+            row["expansion"],
+            row["client_s"],
+            row["server_s"],
+            row["plain_server_s"],
+            row["server_ratio"],
+            row["server_cpu_ratio"],
+            row["round_s"],
+            row["round_ratio"],
+        ]
+        for row in rows
+    ]
     print(
-        f"\nmodel {args.params} params; local training (10 SGD steps) {train_s * 1e3:.1f} ms; "
-        "shared, noisy machine"
+        f"\nmodel {args.params} params; PRG {args.prg}; local training (10 SGD steps) "
+        f"{train_s * 1e3:.1f} ms; shared, noisy machine"
     )
     print_table(
         [
@@ -185,12 +226,15 @@ def main() -> None:
             "client s",
             "server s",
             "plain server s",
+            "server / plain",
+            "CPU-time ratio",
             "round s",
             "round / plain",
         ],
         table,
     )
-    write_result("fl_secagg", {"params": args.params, "train_s": train_s, "rows": rows})
+    name = "fl_secagg" if args.prg == "aes-ctr" else f"fl_secagg_{args.prg}"
+    write_result(name, {"params": args.params, "prg": args.prg, "train_s": train_s, "rows": rows})
 
 
 if __name__ == "__main__":
