@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import struct
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ from vatra.federated.secagg.crypto import (
     reconstruct,
     share,
 )
-from vatra.federated.secagg.messages import pack, unpack
+from vatra.federated.secagg.messages import decode_views, pack, unpack
 from vatra.federated.wire import WireError, decode, encode
 
 
@@ -143,3 +145,46 @@ def test_malformed_id_bytes_table_is_a_wire_error() -> None:
     )
     with pytest.raises(WireError, match="malformed"):
         unpack(blob)
+
+
+def test_decode_views_matches_safetensors_without_copying() -> None:
+    tensors = {
+        "y": np.arange(1000, dtype=np.uint32),
+        "f": np.linspace(-1, 1, 33, dtype=np.float32).reshape(3, 11),
+        "i": np.array([5, -7], dtype=np.int64),
+        "b": np.frombuffer(b"abc", dtype=np.uint8),
+        "e": np.zeros((0, 4), dtype=np.float64),
+    }
+    blob = encode({"kind": "secagg", "round": 2}, tensors)
+    meta, want = decode(blob)
+    got_meta, got = decode_views(blob)
+    assert got_meta == meta and set(got) == set(want)
+    for name, arr in want.items():
+        assert got[name].dtype == arr.dtype and got[name].shape == arr.shape
+        np.testing.assert_array_equal(got[name], arr)
+    assert not got["y"].flags.writeable  # a view of the received bytes
+
+
+def test_decode_views_checks_every_offset() -> None:
+    blob = encode({"kind": "secagg"}, {"y": np.arange(10, dtype=np.uint32)})
+    (n,) = struct.unpack_from("<Q", blob)
+    header = json.loads(blob[8 : 8 + n])
+
+    def with_header(entry: dict, tail: bytes = b"") -> bytes:
+        head = json.dumps({**header, "y": entry}).encode()
+        return struct.pack("<Q", len(head)) + head + blob[8 + n :] + tail
+
+    with pytest.raises(WireError, match="shorter"):
+        decode_views(blob[:5])
+    with pytest.raises(WireError, match="out of range"):
+        decode_views(struct.pack("<Q", 10**6) + blob[8:])
+    with pytest.raises(WireError, match="offsets"):
+        decode_views(with_header({"dtype": "U32", "shape": [10], "data_offsets": [0, 400]}))
+    with pytest.raises(WireError, match="offsets"):
+        decode_views(with_header({"dtype": "U32", "shape": [11], "data_offsets": [0, 40]}))
+    with pytest.raises(WireError, match="offsets"):
+        decode_views(with_header({"dtype": "U32", "shape": [-10], "data_offsets": [0, 40]}))
+    with pytest.raises(WireError, match="malformed"):
+        decode_views(with_header({"dtype": "X9", "shape": [10], "data_offsets": [0, 40]}))
+    with pytest.raises(WireError, match="undecodable"):
+        decode_views(struct.pack("<Q", 3) + b"{{{" + bytes(40))
