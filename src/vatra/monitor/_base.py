@@ -75,5 +75,5 @@ class Detector:
         """Take a clean vector into the model of normal."""
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Wait for any background fit (tests and the end of a run)."""
+    def close(self, wait: bool = True) -> None:
+        """Wait for any background fit (``wait``), or abandon it (the end of a run)."""

@@ -16,6 +16,7 @@ training process, even after a kill -9.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -32,8 +33,8 @@ class Fitter:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Release the worker (pending futures complete first)."""
+    def close(self, wait: bool = True) -> None:
+        """Release the worker: after the job in flight when ``wait``, else at once (its result is dropped)."""
 
 
 class ThreadFitter(Fitter):
@@ -93,11 +94,15 @@ class ProcessFitter(Fitter):
         threading.Thread(target=work, name="vatra-fit-io", daemon=True).start()
         return fut
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        if not wait and self.proc is not None:
+            self.proc.kill()  # the I/O thread's read ends with EOFError; it releases the lock
         with self.lock:  # after any job in flight
             if self.proc is not None:
                 if self.proc.stdin is not None:
-                    self.proc.stdin.close()  # EOF: the helper's loop ends
+                    # EOF ends the helper's loop; after a kill, a job may still be buffered: drop it.
+                    with contextlib.suppress(OSError):
+                        self.proc.stdin.close()
                 try:
                     self.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
@@ -130,5 +135,8 @@ def serve() -> None:
             out = (True, fn(*args))
         except Exception as exc:
             out = (False, f"{type(exc).__name__}: {exc}")
-        pickle.dump(out, results, protocol=pickle.HIGHEST_PROTOCOL)
-        results.flush()
+        try:
+            pickle.dump(out, results, protocol=pickle.HIGHEST_PROTOCOL)
+            results.flush()
+        except BrokenPipeError:  # the training process is gone, or no longer wants this fit
+            return

@@ -93,13 +93,14 @@ class LearnedDetector(Detector):
             args = (type(self), self.cfg, self.n_features, getattr(self, "seed", 0), self.fits)
             self._future = self.fitter.submit(_fit_job, *args, np.stack(self.buffer))
 
-    def close(self) -> None:
-        """Wait for a fit in flight and take its model."""
-        if self._future is not None:
+    def close(self, wait: bool = True) -> None:
+        """Wait for a fit in flight and take its model; or, without ``wait`` (the run is over), drop it."""
+        if self._future is not None and wait:
             self._future.exception()  # waits; a failure is reported by _swap
-        self._swap()
+            self._swap()
+        self._future = None
         if self._own_fitter and self.fitter is not None:
-            self.fitter.close()
+            self.fitter.close(wait)
             self.fitter, self._own_fitter = None, False
 
 

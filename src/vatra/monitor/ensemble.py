@@ -53,19 +53,15 @@ class FeatureBuilder:
         self.streams = [RobustZ(alpha) for _ in FEATURES]
         self.prev_loss: float | None = None
 
-    def _values(self, loss: float, grad_norm: float) -> list[float]:
+    def step(self, loss: float, grad_norm: float) -> np.ndarray:
+        """This step's feature vector, then the baselines move (winsorised, so an anomalous step
+        moves them by a few scales at most)."""
         change = loss - self.prev_loss if self.prev_loss is not None else 0.0
-        return [loss, grad_norm, change]
-
-    def features(self, loss: float, grad_norm: float) -> np.ndarray:
-        return np.array([s.z(v) for s, v in zip(self.streams, self._values(loss, grad_norm), strict=True)])
-
-    def commit(self, loss: float, grad_norm: float) -> None:
-        """Move the baselines (winsorised, so an anomalous step moves them by a few scales at most)."""
-        values = self._values(loss, grad_norm)
-        for s, v in zip(self.streams, values, strict=True):
-            s.update(v)
-        self.prev_loss = values[0]
+        self.prev_loss = loss
+        loss_s, grad_s, change_s = self.streams
+        return np.array(
+            [loss_s.z_then_update(loss), grad_s.z_then_update(grad_norm), change_s.z_then_update(change)]
+        )
 
 
 class Ensemble:
@@ -113,8 +109,7 @@ class Ensemble:
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 verdicts[j] = Alarm(steps[j], ["nonfinite"], values={"loss": loss, "grad_norm": grad_norm})
                 continue
-            rows.append((j, self.builder.features(loss, grad_norm)))
-            self.builder.commit(loss, grad_norm)  # baselines move on every finite step (winsorised)
+            rows.append((j, self.builder.step(loss, grad_norm)))  # baselines move on every finite step
         if not rows:
             return verdicts
         ready = [d for d in self.detectors if d.ready]
@@ -165,8 +160,9 @@ class Ensemble:
         values = {"loss": loss, "grad_norm": grad_norm}
         return Alarm(step, fired, scores, thresholds, values, dict(zip(FEATURES, x.tolist(), strict=True)))
 
-    def close(self) -> None:
-        """Wait for fits in flight, then stop the helper process (a later fit starts a new one)."""
+    def close(self, wait: bool = True) -> None:
+        """Wait for fits in flight (or, without ``wait``, abandon them), then stop the helper process;
+        a later fit starts a new one."""
         for d in self.detectors:
-            d.close()
-        self.fitter.close()
+            d.close(wait)
+        self.fitter.close(wait)

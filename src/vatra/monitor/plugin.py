@@ -104,29 +104,28 @@ class Monitor(Plugin):
 
     def _gather_and_judge(self, trainer: Trainer, metrics: dict[str, Any]) -> Verdict:
         ctx = trainer.dist
-        # On the process group's device: NCCL moves CUDA tensors only (gloo takes either).
-        mine = torch.tensor(self.rows, dtype=torch.float64, device=ctx.device)  # (k, C); same k on every rank
+        rows = np.asarray(self.rows, dtype=np.float64)  # (k, C); same k on every rank
         self.rows = []
-        if ctx.distributed:
+        k = len(rows)
+        alarm_steps: list[int] = []
+        # Verdict vector: [alarms, slowest rank, straggler ratio, data share, k mean losses].
+        if not ctx.distributed:  # nothing to gather or broadcast: stay in numpy
+            v, alarm_steps = self._judge(trainer, rows[None], metrics)
+        else:
+            # On the process group's device: NCCL moves CUDA tensors only (gloo takes either).
+            mine = torch.from_numpy(rows).to(ctx.device)
             parts = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.is_main else None
             dist.gather(mine, parts, dst=0)
-        else:
-            parts = [mine]
-        # Verdict vector: [alarms, slowest rank, straggler ratio, data share, k mean losses].
-        k = len(mine)
-        box = torch.zeros(4 + k, dtype=torch.float64, device=ctx.device)
-        alarm_steps: list[int] = []
-        if ctx.is_main:
-            assert parts is not None
-            window = torch.stack(parts).cpu().numpy()  # (W, k, C)
-            box, alarm_steps = self._judge(trainer, window, metrics)
-            box = box.to(ctx.device)
-        if ctx.distributed:
+            box = torch.zeros(4 + k, dtype=torch.float64, device=ctx.device)
+            if ctx.is_main:
+                assert parts is not None
+                judged, alarm_steps = self._judge(trainer, torch.stack(parts).cpu().numpy(), metrics)
+                box = torch.tensor(judged, dtype=torch.float64, device=ctx.device)
             dist.broadcast(box, src=0)
-        v = box.tolist()
+            v = box.tolist()
         return Verdict(
             step=metrics["step"],
-            steps=[int(s) for s in mine[:, 0].tolist()],  # NOTE: a device sync on GPU, once per window
+            steps=rows[:, 0].astype(np.int64).tolist(),
             loss=v[4:],
             alarms=int(v[0]),
             straggler_ratio=v[2],
@@ -137,40 +136,38 @@ class Monitor(Plugin):
 
     def _judge(
         self, trainer: Trainer, window: np.ndarray, metrics: dict[str, Any]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Rank 0: run the ensemble on each step of the window; the straggler and data-wait view."""
+    ) -> tuple[list[float], list[int]]:
+        """Rank 0: run the ensemble on each step of the window (W ranks, k steps, C columns); the
+        straggler and data-wait view. Returns the verdict vector and the steps that alarmed."""
         col = {c: i for i, c in enumerate(COLUMNS)}
-        loss_mean = window[:, :, col["loss"]].mean(axis=0)  # (k,)
+        loss_mean = window[:, :, col["loss"]].mean(axis=0).tolist()  # (k,)
         alarm_steps: list[int] = []
         assert self.ensemble is not None
-        steps = [int(s) for s in window[0, :, col["step"]]]
+        steps = window[0, :, col["step"]].astype(np.int64).tolist()
         grad_norms = window[0, :, col["grad_norm"]].tolist()  # global norm: identical on every rank
-        verdicts = self.ensemble.observe_window(steps, loss_mean.tolist(), grad_norms)
+        verdicts = self.ensemble.observe_window(steps, loss_mean, grad_norms)
         for j, alarm in enumerate(verdicts):
             if alarm is not None:
                 alarm_steps.append(alarm.step)
                 self._log_alarm(trainer, alarm, window[:, j, col["loss"]].tolist())
-        compute = window[:, :, col["compute_time_s"]].mean(axis=1)  # (W,) per rank over the window
-        step_time = window[:, :, col["step_time_s"]].mean(axis=1)
-        data_share = window[:, :, col["data_time_s"]].sum(axis=1) / window[:, :, col["step_time_s"]].sum(
-            axis=1
-        )
+        totals = window.sum(axis=1)  # (W, C): per rank over the window
+        k = window.shape[1]
+        compute = (totals[:, col["compute_time_s"]] / k).tolist()
+        step_time = (totals[:, col["step_time_s"]] / k).tolist()
+        wait = totals[:, col["data_time_s"]]
+        data_share = float((wait / np.maximum(totals[:, col["step_time_s"]], 1e-12)).max())
         # Against the median of the *other* ranks: with two ranks the plain median is the mean of
         # both, which caps the ratio at 2 however slow one of them is.
-        slowest = int(compute.argmax())
-        others = np.delete(compute, slowest)
-        median = statistics.median(others.tolist()) if len(others) else float(compute[slowest])
-        ratio = float(compute[slowest] / median) if median > 0 else 1.0
-        metrics["rank_step_time_s"] = step_time.tolist()
-        metrics["rank_compute_time_s"] = compute.tolist()
+        slowest = max(range(len(compute)), key=compute.__getitem__)
+        others = compute[:slowest] + compute[slowest + 1 :]
+        median = statistics.median(others) if others else compute[slowest]
+        ratio = compute[slowest] / median if median > 0 else 1.0
+        metrics["rank_step_time_s"] = step_time
+        metrics["rank_compute_time_s"] = compute
         metrics["straggler_ratio"] = ratio
         metrics["slowest_rank"] = slowest
         metrics["anomalies"] = self.anomalies
-        box = torch.tensor(
-            [len(alarm_steps), slowest, ratio, float(data_share.max()), *loss_mean.tolist()],
-            dtype=torch.float64,
-        )
-        return box, alarm_steps
+        return [float(len(alarm_steps)), float(slowest), ratio, data_share, *loss_mean], alarm_steps
 
     def _log_alarm(self, trainer: Trainer, alarm: Alarm, rank_losses: list[float]) -> None:
         self.anomalies += 1
@@ -184,7 +181,7 @@ class Monitor(Plugin):
             self.hook.remove()
             self.hook = None
         if self.ensemble is not None:
-            self.ensemble.close()
+            self.ensemble.close(wait=False)  # a fit still running is of no use now
         if self.sampler is not None:
             self.sampler.close()
 
