@@ -31,14 +31,12 @@ class SkipSpike(Policy):
         if not math.isfinite(grad_norm):
             return Action(self.name, "skip_update", "non-finite gradient norm", {"grad_norm": grad_norm})
         self.seen += 1
-        z = self.z.z(grad_norm)
+        baseline = self.z.center
+        z = self.z.z_then_update(grad_norm)  # winsorised: a spike moves the baseline a few scales at most
         if self.seen > self.monitor.warmup_steps and z > self.monitor.zscore_threshold:
-            evidence = {"grad_norm": grad_norm, "z": z, "baseline": self.z.center}
-            action = Action(self.name, "skip_update", "gradient-norm spike", evidence)
-        else:
-            action = None
-        self.z.update(grad_norm)  # winsorised: a spike moves the baseline by a few scales at most
-        return action
+            evidence = {"grad_norm": grad_norm, "z": z, "baseline": baseline}
+            return Action(self.name, "skip_update", "gradient-norm spike", evidence)
+        return None
 
     def apply(self, trainer: Trainer, action: Action) -> None:
         trainer.state.skip_update = True
