@@ -188,3 +188,16 @@ def test_decode_views_checks_every_offset() -> None:
         decode_views(with_header({"dtype": "X9", "shape": [10], "data_offsets": [0, 40]}))
     with pytest.raises(WireError, match="undecodable"):
         decode_views(struct.pack("<Q", 3) + b"{{{" + bytes(40))
+
+
+@pytest.mark.parametrize("kind", ["aes-ctr", "chacha20"])
+def test_prg_in_chunks_is_one_keystream(kind: str) -> None:
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    seed, n = os.urandom(32), 600_001  # 2.3 MiB of keystream: three cipher calls, a ragged end
+    if kind == "aes-ctr":
+        cipher = Cipher(algorithms.AES(seed), modes.CTR(bytes(16)))
+    else:
+        cipher = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None)
+    want = np.frombuffer(cipher.encryptor().update(bytes(4 * n)), dtype="<u4")
+    np.testing.assert_array_equal(prg(seed, n, kind), want)  # type: ignore[arg-type]

@@ -69,14 +69,8 @@ def open_sealed(key: bytes, blob: bytes, aad: bytes) -> bytes:
 
 
 # ------------------------------------------------------------------- PRG
-_zeros = bytes(0)  # the PRG's plaintext; grown to the largest vector seen, then sliced without copying
-
-
-def _zero_bytes(size: int) -> memoryview:
-    global _zeros
-    if len(_zeros) < size:
-        _zeros = bytes(size)
-    return memoryview(_zeros)[:size]
+_CHUNK = 1 << 20  # keystream bytes per cipher call: a fixed 1 MiB of zero plaintext, whatever the model size
+_ZEROS = memoryview(bytes(_CHUNK))
 
 
 def prg(seed: bytes, n: int, kind: PrgKind = "aes-ctr", out: np.ndarray | None = None) -> np.ndarray:
@@ -85,8 +79,8 @@ def prg(seed: bytes, n: int, kind: PrgKind = "aes-ctr", out: np.ndarray | None =
     Every seed keys exactly one stream (fresh self-mask seeds, pairwise seeds bound by HKDF to
     the round and pair), so the fixed all-zero counter/nonce never repeats under one key. Words
     are full 32-bit; callers reduce mod 2^bits once, after summing. ``out`` (uint32, at least
-    n + 4 words: AES-CTR writes up to a block past the end) is filled in place instead of
-    allocating; the returned array is then a view of it.
+    n + 4 words: the cipher may write up to a block past the end) is filled in place instead of
+    allocating; the returned array is a view of its first ``n`` words.
     """
     if kind == "aes-ctr":
         enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
@@ -94,12 +88,14 @@ def prg(seed: bytes, n: int, kind: PrgKind = "aes-ctr", out: np.ndarray | None =
         enc = Cipher(algorithms.ChaCha20(seed, bytes(16)), mode=None).encryptor()
     else:
         raise ValueError(f"unknown PRG {kind!r}")
-    zeros = _zero_bytes(4 * n)
     if out is None:
-        return np.frombuffer(enc.update(zeros), dtype="<u4")
-    if out.dtype != np.uint32 or out.size < n + 4 or not out.flags.c_contiguous:
+        out = np.empty(n + 4, dtype=np.uint32)
+    elif out.dtype != np.uint32 or out.size < n + 4 or not out.flags.c_contiguous:
         raise ValueError("prg out= needs a contiguous uint32 array of at least n + 4 words")
-    enc.update_into(zeros, memoryview(out).cast("B"))  # type: ignore[arg-type]
+    buf = memoryview(out).cast("B")  # type: ignore[arg-type]
+    for start in range(0, 4 * n, _CHUNK):  # one stream: CTR/ChaCha20 carry on across calls
+        size = min(_CHUNK, 4 * n - start)
+        enc.update_into(_ZEROS[:size], buf[start : start + size + 15])
     return out[:n]
 
 
