@@ -152,3 +152,19 @@ def test_broadcast_packed_once_and_per_client_requests_kept_apart() -> None:
     spy.tamper = lambda stage, cid, req: {"u3": [cid]}  # a fresh object per client, freed after packing
     spy.exchange("unmask", 1, dict.fromkeys(range(50), shared))
     assert all(seen[c] == {"u3": [c]} for c in range(50))
+
+
+def test_client_with_malformed_public_keys_is_left_out() -> None:
+    n = 6
+    _, xs, q, parties, server = _setup(n)
+    orig = server.share_keys_requests
+
+    def garble(replies):
+        replies[5] = {**replies[5], "s_pk": b"short"}
+        return orig(replies)
+
+    server.share_keys_requests = garble  # type: ignore[method-assign]
+    total = secure_sum(server, parties)
+    assert sorted(server.keys) == [0, 1, 2, 3, 4]
+    q = Quantizer(32, 1.0, 5)  # clients scale by the round's advertised count
+    np.testing.assert_allclose(q.decode_sum(total), sum(xs[c] for c in range(5)), atol=q.max_error(5), rtol=0)

@@ -224,10 +224,13 @@ class SecAggServer:
         return {u: facts for u in self.clients}
 
     def share_keys_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
+        # a client whose public keys are not two 32-byte strings is left out, like a drop-out
+        replies = {
+            u: r
+            for u, r in replies.items()
+            if all(isinstance(r.get(k), bytes) and len(r[k]) == 32 for k in ("c_pk", "s_pk"))
+        }
         self._need("advertise", len(replies))
-        for u, r in replies.items():
-            if not all(isinstance(r.get(k), bytes) and len(r[k]) == 32 for k in ("c_pk", "s_pk")):
-                raise RoundAborted(f"round {self.rnd}: client {u} advertised malformed public keys")
         self.keys = {u: (r["c_pk"], r["s_pk"]) for u, r in replies.items()}
         u1 = sorted(self.keys)
         self.graph = neighbour_graph(u1, self.cfg, self.seed)
@@ -268,7 +271,10 @@ class SecAggServer:
         alive, gone = set(self.masked), set(self.u2).difference(self.masked)
         for u, r in replies.items():
             for kind, wanted in (("b_shares", alive), ("s_shares", gone)):
-                for v, sh in r.get(kind, {}).items():
+                table = r.get(kind, {})
+                if not isinstance(table, dict):
+                    raise RoundAborted(f"round {self.rnd}: client {u} sent malformed {kind}")
+                for v, sh in table.items():
                     if v in wanted:
                         points[v][u + 1] = sh
         for v in self.u2:
