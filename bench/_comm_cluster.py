@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,28 @@ def train_on_cluster(cluster: Cluster, run_dir: Path, sets: list[str], timeout: 
     summary = json.loads((run_dir / "summary.json").read_text())
     tx = [after[h]["tx_bytes"] - before[h]["tx_bytes"] for h in after]
     return {"metrics": metrics, "summary": summary, "wall_s": wall, "link_tx_bytes": tx}
+
+
+def train_local(nproc: int, run_dir: Path, sets: list[str], timeout: float) -> dict[str, Any]:
+    """The same ``vatra train`` on ``nproc`` local processes, unshaped loopback: the same arithmetic as
+    on the cluster (same seed, data shards and collectives), so accuracy figures carry over; times and
+    link bytes do not (no link counters here)."""
+    t0 = time.perf_counter()
+    argv = [sys.executable, "-m", "vatra", "train", str(ROOT / "examples/synthetic.toml")]
+    argv += ["--nproc", str(nproc), "--run-dir", str(run_dir)]
+    argv += MODEL + QUIET + [a for s in sets for a in ("--set", s)]
+    log = run_dir.parent / f"{run_dir.name}.log"
+    threads = str(max(1, (os.cpu_count() or 1) // nproc))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+    with log.open("w", encoding="utf-8") as sink:
+        code = subprocess.run(
+            argv, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout, env=env
+        ).returncode
+    if code:
+        raise RuntimeError(f"training failed (exit {code}); see {log}")
+    metrics = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "step" in m]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"metrics": metrics, "summary": summary, "wall_s": time.perf_counter() - t0, "link_tx_bytes": [0]}
 
 
 def median(values: list[float]) -> float:
