@@ -32,7 +32,7 @@ class OneBit(Compressor):
     Why rows: in a ReLU network a unit that was inactive on the batch has an all-zero gradient row. A
     per-tensor scale sends ±mean|x| there every step (error feedback then cancels it out over time,
     as noise the optimizer sees); a per-row scale sends exactly 0 for that row, and rows with larger
-    gradients get larger steps. Costs 4 bytes per row (1 % on top of the bits of a 2048-wide row).
+    gradients get larger steps. Costs 4 bytes per row (1.6 % on top of the bits of a 2048-wide row).
     """
 
     name = "onebit"
