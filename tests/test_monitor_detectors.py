@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,3 +139,27 @@ def test_fits_run_in_a_helper_process_that_reports_errors_and_exits_with_its_par
     assert helper is not None
     fitter.close()  # closing its stdin ends the helper
     assert helper.poll() is not None and fitter.proc is None
+
+
+def test_a_failed_fit_keeps_going_and_falls_back_to_a_thread_when_the_helper_fails() -> None:
+    from vatra.monitor._fitproc import ProcessFitter, ThreadFitter
+
+    class NoHelper(ProcessFitter):
+        def _start(self) -> Any:
+            raise OSError("cannot start the helper")
+
+    det = IsolationForestDetector(MonitorConfig(warmup_steps=20, fit_in="process"), 3)
+    det.fitter = NoHelper()
+    rows = np.random.default_rng(0).normal(size=(60, 3))
+    for row in rows[:20]:
+        det.learn(row)  # the first fit is due: submitted to the broken helper
+    with pytest.warns(UserWarning, match="fitting in a thread from now on"):
+        det.close()
+    assert not det.ready and "cannot start the helper" in (det.fit_error or "")
+    for row in rows[20:39]:
+        det.learn(row)
+    assert det._future is None  # a retry waits for warmup_steps more clean rows
+    det.learn(rows[39])
+    assert isinstance(det.fitter, ThreadFitter)  # not the helper again
+    det.close()
+    assert det.ready and det.fits == 1

@@ -44,6 +44,11 @@ class ThreadFitter(Fitter):
         fut: Future[Any] = Future()
 
         def work() -> None:
+            import torch
+
+            # One intra-op thread for this thread (OpenMP's setting is per thread): a fit must not
+            # compete with the training step for cores.
+            torch.set_num_threads(1)
             try:
                 fut.set_result(fn(*args))
             except BaseException as exc:  # the future carries it to whoever reads the result

@@ -11,7 +11,7 @@ import numpy as np
 
 from vatra.config._monitor import MonitorConfig
 from vatra.monitor._base import Detector, calibrated_threshold
-from vatra.monitor._fitproc import Fitter, build_fitter
+from vatra.monitor._fitproc import Fitter, ProcessFitter, ThreadFitter, build_fitter
 
 MAX_TRAIN_ROWS = 512
 
@@ -39,6 +39,7 @@ class LearnedDetector(Detector):
         self._own_fitter = False
         self.fits = 0
         self.fit_error: str | None = None
+        self._helper_failed = False
 
     def _fit(self, x: np.ndarray) -> Any:
         raise NotImplementedError
@@ -63,9 +64,12 @@ class LearnedDetector(Detector):
             self.fits += 1
         except Exception as exc:
             self.fit_error = f"{type(exc).__name__}: {exc}"
-            warnings.warn(
-                f"{self.name} detector: fit failed ({self.fit_error}); keeping the last model", stacklevel=2
-            )
+            self._since_fit = 0  # the next try waits for warmup_steps more clean rows
+            where = "keeping the last model"
+            if isinstance(self.fitter, ProcessFitter):  # the helper cannot be relied on: fit here
+                self.fitter, self._own_fitter, self._helper_failed = ThreadFitter(), True, True
+                where += "; fitting in a thread from now on"
+            warnings.warn(f"{self.name} detector: fit failed ({self.fit_error}); {where}", stacklevel=2)
 
     @property
     def ready(self) -> bool:
@@ -84,11 +88,13 @@ class LearnedDetector(Detector):
     def learn(self, x: np.ndarray) -> None:
         self.buffer.append(x)
         self._since_fit += 1
-        due = self.model is None and self.fits == 0 and len(self.buffer) >= self.cfg.warmup_steps
+        retry_ok = self.fit_error is None or self._since_fit >= self.cfg.warmup_steps
+        due = self.model is None and len(self.buffer) >= self.cfg.warmup_steps and retry_ok
         due |= self.model is not None and self.cfg.refit_every > 0 and self._since_fit >= self.cfg.refit_every
         if due and self._future is None:
             if self.fitter is None:
-                self.fitter, self._own_fitter = build_fitter(self.cfg.fit_in), True
+                kind = "thread" if self._helper_failed else self.cfg.fit_in
+                self.fitter, self._own_fitter = build_fitter(kind), True
             self._since_fit = 0
             args = (type(self), self.cfg, self.n_features, getattr(self, "seed", 0), self.fits)
             self._future = self.fitter.submit(_fit_job, *args, np.stack(self.buffer))
