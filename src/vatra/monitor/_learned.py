@@ -28,8 +28,9 @@ class LearnedDetector(Detector):
 
     window_scoring = True  # the model only changes at a `ready` check (see `_swap`)
 
-    def __init__(self, cfg: MonitorConfig, n_features: int) -> None:
+    def __init__(self, cfg: MonitorConfig, n_features: int, seed: int = 0) -> None:
         super().__init__(cfg, n_features)
+        self.seed = seed  # + the number of fits so far: each fit's own random state
         self.buffer: deque[np.ndarray] = deque(maxlen=MAX_TRAIN_ROWS)
         self.model: Any = None
         self._threshold = float("inf")
@@ -96,7 +97,7 @@ class LearnedDetector(Detector):
                 kind = "thread" if self._helper_failed else self.cfg.fit_in
                 self.fitter, self._own_fitter = build_fitter(kind), True
             self._since_fit = 0
-            args = (type(self), self.cfg, self.n_features, getattr(self, "seed", 0), self.fits)
+            args = (type(self), self.cfg, self.n_features, self.seed, self.fits)
             self._future = self.fitter.submit(_fit_job, *args, np.stack(self.buffer))
 
     def close(self, wait: bool = True) -> None:
@@ -114,7 +115,6 @@ def _fit_job(
     cls: type[LearnedDetector], cfg: MonitorConfig, n_features: int, seed: int, fits: int, rows: np.ndarray
 ) -> tuple[Any, float]:
     """One fit, wherever the fitter runs it: a fresh detector with the same settings fits ``rows``."""
-    det = cls(cfg, n_features)
-    det.seed = seed  # type: ignore[attr-defined]
+    det = cls(cfg, n_features, seed)
     det.fits = fits
     return det._fit_and_calibrate(rows)

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from vatra.config._monitor import MonitorConfig
 from vatra.monitor._base import register
 from vatra.monitor._learned import LearnedDetector
 
@@ -55,10 +54,6 @@ class AutoencoderDetector(LearnedDetector):
     cost = 2  # four small matrix products
     hidden = 16
     bottleneck = 2
-
-    def __init__(self, cfg: MonitorConfig, n_features: int, seed: int = 0) -> None:
-        super().__init__(cfg, n_features)
-        self.seed = seed
 
     def _fit(self, x: np.ndarray) -> FittedAutoencoder:
         gen = torch.Generator().manual_seed(self.seed + self.fits)

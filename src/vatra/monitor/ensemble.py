@@ -79,10 +79,8 @@ class Ensemble:
         self.detectors: list[Detector] = [build_detector(n, cfg, len(FEATURES)) for n in cfg.detectors]
         self.fitter = build_fitter(cfg.fit_in)  # one helper process for all learned detectors
         for d in self.detectors:
-            if hasattr(d, "seed"):
-                d.seed = seed
             if isinstance(d, LearnedDetector):
-                d.fitter = self.fitter
+                d.seed, d.fitter = seed, self.fitter
         self.seen = 0
 
     def observe(self, step: int, loss: float, grad_norm: float) -> Alarm | None:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.ensemble import IsolationForest
 
-from vatra.config._monitor import MonitorConfig
 from vatra.monitor._base import register
 from vatra.monitor._learned import LearnedDetector
 
@@ -126,10 +125,6 @@ class IsolationForestDetector(LearnedDetector):
     cost = 3  # a walk of 100 trees
     box_margin = 2.0
     max_threshold = 0.95
-
-    def __init__(self, cfg: MonitorConfig, n_features: int, seed: int = 0) -> None:
-        super().__init__(cfg, n_features)
-        self.seed = seed
 
     def _fit(self, x: np.ndarray) -> BoxedForest:
         forest = IsolationForest(

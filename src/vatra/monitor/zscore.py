@@ -69,18 +69,9 @@ class RobustZ:
         return (value - self.center) / self.scale()
 
     def z_then_update(self, value: float) -> float:
-        """``z(value)``, then ``update(value)``, with one look at the scale: the ensemble's per-step path."""
-        if self.center is None or not self.ready:
-            self.update(value)
-            return 0.0
-        scale = self.scale()
-        r = value - self.center
-        z = r / scale
-        if math.isfinite(value):
-            bound = self.clip * scale
-            self.residuals.append(min(max(r, -bound), bound))
-            self.center += self.alpha * self.residuals[-1]
-            self._since_scale += 1
+        """``z(value)``, then ``update(value)``: the per-step path (the scale is computed once, cached)."""
+        z = self.z(value)
+        self.update(value)
         return z
 
     def update(self, value: float) -> None:
