@@ -75,7 +75,9 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     # logs of the dead attempt are kept; lines after the resume carry attempt = 1
     lines = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in lines if m["attempt"] == 1] == list(range(11, 31))
-    assert max(m["step"] for m in lines if m["attempt"] == 0) >= 15
+    # rank 0 logs step 14 before step 15's all-reduce can finish; step 15's line races the launcher's
+    # kill of rank 0 once it sees rank 1 die, so either is a correct last line
+    assert max(m["step"] for m in lines if m["attempt"] == 0) in (14, 15)
     # exact resume: final weights equal the uninterrupted run's, bit for bit (CPU, gloo, 2 ranks)
     a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(run, tmp_path)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
