@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _comm_cluster import ROOT, median, train_local, train_on_cluster
+from _comm_cluster import median, train_local, train_on_cluster
+from _common import write_result
 from vatra.launch.cluster import Cluster, ClusterSpec
 
 METHODS: dict[str, list[str]] = {
@@ -129,9 +130,7 @@ def main() -> None:
             f"{r['sync_s_per_step'] or float('nan'):>11.2f} {bts / 1e6:>8.2f} {fewer or float('nan'):>7.1f}× "
             f"{r['median_step_bytes'] / 1e6:>9.2f} {r['link_tx_bytes_per_step'] / 1e6:>12.2f}"
         )
-    out = ROOT / f"bench/results/{args.out}.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_result(args.out, {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

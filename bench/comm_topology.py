@@ -15,7 +15,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from _comm_cluster import ROOT, median, train_on_cluster
+from _comm_cluster import median, train_on_cluster
+from _common import write_result
 from vatra.launch.cluster import Cluster, ClusterSpec
 
 TOPOLOGIES = ["flat", "ring", "hierarchical"]
@@ -86,9 +87,7 @@ def main() -> None:
             f"{r['rank0_comm_bytes_per_step'] / 1e6:>14.2f} {r['link_tx_bytes_per_host_step'] / 1e6:>17.2f}"
         )
     print("* DDP's built-in all-reduce, inside backward: backward time less the hooked runs' compute")
-    out = ROOT / "bench/results/comm_topology.json"
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_result("comm_topology", {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

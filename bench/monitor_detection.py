@@ -17,7 +17,6 @@ ensemble would vote with the robust z alone. `--fit-in process` measures that de
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import write_result
 from vatra.config import load_config
 from vatra.engine import Trainer
 from vatra.rundir import RunDir, read_jsonl
@@ -119,9 +119,8 @@ def main() -> None:
     )
     results["wall_s"] = time.perf_counter() - t0
     suffix = "" if args.fit_in == "thread" else "_process"
-    out = Path(__file__).parent / "results" / f"monitor_detection{suffix}.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out} ({results['wall_s']:.0f} s)")
+    write_result(f"monitor_detection{suffix}", results)
+    print(f"{results['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

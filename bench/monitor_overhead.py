@@ -18,7 +18,6 @@ the warm-up fit and refits (every monitor.refit_every = 2000 clean steps) as a r
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from _common import write_result
 from vatra.config import load_config
 from vatra.engine import Trainer
 from vatra.rundir import RunDir
@@ -100,10 +100,7 @@ def main() -> None:
             f"{statistics.median(cpu[name]):>13.3f}{result['median_cpu_ratio'][name]:>11.3f}  {per}"
         )
     suffix = "" if args.hidden == "128,128" else "_" + args.hidden.replace(",", "x")
-    out = Path(__file__).parent / "results" / f"monitor_overhead{suffix}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(f"monitor_overhead{suffix}", result)
 
 
 if __name__ == "__main__":
