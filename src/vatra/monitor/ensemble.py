@@ -56,12 +56,16 @@ class FeatureBuilder:
     def step(self, loss: float, grad_norm: float) -> np.ndarray:
         """This step's feature vector, then the baselines move (winsorised, so an anomalous step
         moves them by a few scales at most)."""
-        change = loss - self.prev_loss if self.prev_loss is not None else 0.0
-        self.prev_loss = loss
-        loss_s, grad_s, change_s = self.streams
-        return np.array(
-            [loss_s.z_then_update(loss), grad_s.z_then_update(grad_norm), change_s.z_then_update(change)]
-        )
+        return self.window([loss], [grad_norm])[0]
+
+    def window(self, losses: list[float], grad_norms: list[float]) -> np.ndarray:
+        """The feature vectors (n, F) of consecutive steps: ``step`` for each in turn, stream by
+        stream (the streams are independent, so the order across them does not matter)."""
+        before = [losses[0] if self.prev_loss is None else self.prev_loss, *losses[:-1]]
+        changes = [loss - prev for prev, loss in zip(before, losses, strict=True)]  # the first step's: 0
+        self.prev_loss = losses[-1]
+        columns = zip(self.streams, (losses, grad_norms, changes), strict=True)
+        return np.array([[s.z_then_update(v) for v in values] for s, values in columns]).T
 
 
 class Ensemble:
@@ -102,18 +106,19 @@ class Ensemble:
           walked. An alarm still records every detector's score (they are filled in for it).
         """
         verdicts: list[Alarm | None] = [None] * len(steps)
-        rows: list[tuple[int, np.ndarray]] = []  # (position in window, features) of finite steps
+        finite: list[int] = []  # positions in the window of the finite steps
         for j, (loss, grad_norm) in enumerate(zip(losses, grad_norms, strict=True)):
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            if math.isfinite(loss) and math.isfinite(grad_norm):
+                finite.append(j)
+            else:
                 verdicts[j] = Alarm(steps[j], ["nonfinite"], values={"loss": loss, "grad_norm": grad_norm})
-                continue
-            rows.append((j, self.builder.step(loss, grad_norm)))  # baselines move on every finite step
-        if not rows:
+        if not finite:
             return verdicts
+        # the baselines move on every finite step
+        window = self.builder.window([losses[j] for j in finite], [grad_norms[j] for j in finite])  # (n, F)
         ready = [d for d in self.detectors if d.ready]
         need = min(self.cfg.vote, len(ready))
-        window = np.stack([x for _, x in rows])  # (n, F)
-        n = len(rows)
+        n = len(finite)
         # Rows judged at all: past the warm-up (counted per finite row, as `observe` would).
         judged = self.seen + np.arange(1, n + 1) > self.cfg.warmup_steps
         self.seen += n
@@ -128,9 +133,11 @@ class Ensemble:
             if open_rows.any():
                 scores[d.name][open_rows] = d.score_many(window[open_rows])
                 fired += scores[d.name] > d.threshold()  # NaN (not asked) compares False
-        for i, (j, x) in enumerate(rows):
+        # rows that may alarm; the others are learned as normal
+        open_vote = (judged & (fired + len(one_by_one) >= need)).tolist() if ready else [False] * n
+        for i, (j, x) in enumerate(zip(finite, window, strict=True)):
             alarm = None
-            if judged[i] and ready and fired[i] + len(one_by_one) >= need:
+            if open_vote[i]:
                 row = {name: float(v[i]) for name, v in scores.items()}
                 for d in one_by_one:  # scored here, after the rows before have been learned
                     row[d.name] = d.score(x)

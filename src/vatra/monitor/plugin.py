@@ -49,7 +49,8 @@ class Monitor(Plugin):
     ``broadcast`` sends back a small verdict, so the detectors see every step of every rank
     without a collective per metric or per step. Compute time is measured from the step's start
     to the moment the first parameter's gradient is produced (the end of local backward, before
-    DDP waits for the last bucket), so a slow rank shows as slow while the others show as waiting.
+    DDP waits for the last bucket), so a slow rank shows as slow while the others show as waiting;
+    in a single process it is the data wait plus forward-backward.
     """
 
     def __init__(self, cfg: Config, run_dir: RunDir | None = None) -> None:
@@ -67,8 +68,11 @@ class Monitor(Plugin):
         self.sampler = SystemSampler(trainer.dist.device)
         if trainer.dist.is_main:
             self.ensemble = Ensemble(self.cfg, seed=trainer.cfg.run.seed)
+        # With peers, compute ends when local backward does, before DDP waits for the last bucket:
+        # a tensor hook marks it. Alone, compute is the data wait plus forward-backward the trainer
+        # times anyway, and a Python hook inside backward would cost every step a few µs for nothing.
         first = next((p for p in trainer.model.parameters() if p.requires_grad), None)
-        if first is not None:
+        if first is not None and trainer.dist.distributed:
             self.hook = first.register_hook(self._grad_ready)
 
     def _grad_ready(self, grad: torch.Tensor) -> None:
@@ -80,7 +84,12 @@ class Monitor(Plugin):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         step = metrics["step"]
-        compute = (self.t_grad or time.perf_counter()) - self.t0
+        if self.t_grad is not None:
+            compute = self.t_grad - self.t0
+        elif self.hook is None:
+            compute = metrics["data_time_s"] + metrics["fwd_bwd_time_s"]
+        else:  # no gradient this step
+            compute = time.perf_counter() - self.t0
         metrics["compute_time_s"] = compute
         if self.sampler is not None and step % self.cfg.system_every == 0:
             metrics.update(self.sampler.sample())
