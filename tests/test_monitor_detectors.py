@@ -141,6 +141,41 @@ def test_fits_run_in_a_helper_process_that_reports_errors_and_exits_with_its_par
     assert helper.poll() is not None and fitter.proc is None
 
 
+def test_closing_at_the_end_of_a_run_drops_queued_fits_instead_of_starting_a_new_helper() -> None:
+    import time
+
+    from vatra.monitor._fitproc import ProcessFitter
+
+    # Prepare: one fit running in the helper, a second queued behind it (two detectors' first fits)
+    fitter = ProcessFitter()
+    started: list[int] = []
+    start = fitter._start
+
+    def counting_start() -> Any:
+        proc = start()
+        if proc.pid not in started:
+            started.append(proc.pid)
+        return proc
+
+    fitter._start = counting_start  # type: ignore[method-assign]
+    running = fitter.submit(time.sleep, 30)
+    queued = fitter.submit(os.getpid)
+    deadline = time.monotonic() + 60
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Execute: the run is over; fits in flight are of no use
+    fitter.close(wait=False)
+    # Assert: the running fit died with the helper, the queued one never started another helper
+    with pytest.raises(EOFError):
+        running.result(timeout=60)
+    with pytest.raises(RuntimeError, match="closed before this fit started"):
+        queued.result(timeout=60)
+    assert len(started) == 1 and fitter.proc is None
+    # a later fit starts a fresh helper
+    assert fitter.submit(os.getpid).result(timeout=120) != os.getpid()
+    fitter.close()
+
+
 def test_a_failed_fit_keeps_going_and_falls_back_to_a_thread_when_the_helper_fails() -> None:
     from vatra.monitor._fitproc import ProcessFitter, ThreadFitter
 

@@ -64,6 +64,9 @@ class ProcessFitter(Fitter):
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()  # one job on the pipe at a time
+        # Bumped by close(): a job submitted before it and still waiting for the lock is dropped
+        # instead of starting a new helper (which would make close wait for its imports and fit).
+        self.generation = 0
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
@@ -80,10 +83,13 @@ class ProcessFitter(Fitter):
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         fut: Future[Any] = Future()
+        generation = self.generation
 
         def work() -> None:
             try:
                 with self.lock:
+                    if generation != self.generation:
+                        raise RuntimeError("the fitter was closed before this fit started")
                     proc = self._start()
                     assert proc.stdin is not None and proc.stdout is not None
                     pickle.dump((fn, args), proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -100,6 +106,7 @@ class ProcessFitter(Fitter):
         return fut
 
     def close(self, wait: bool = True) -> None:
+        self.generation += 1  # jobs not started yet will not start
         if not wait and self.proc is not None:
             self.proc.kill()  # the I/O thread's read ends with EOFError; it releases the lock
         with self.lock:  # after any job in flight
