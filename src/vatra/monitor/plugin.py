@@ -69,8 +69,8 @@ class Monitor(Plugin):
         if trainer.dist.is_main:
             self.ensemble = Ensemble(self.cfg, seed=trainer.cfg.run.seed)
         # With peers, compute ends when local backward does, before DDP waits for the last bucket:
-        # a tensor hook marks it. Alone, compute is the data wait plus forward-backward the trainer
-        # times anyway, and a Python hook inside backward would cost every step a few µs for nothing.
+        # a tensor hook marks it. Alone, compute is the data wait plus forward-backward, which the
+        # trainer times anyway: no call from inside backward into Python is needed.
         first = next((p for p in trainer.model.parameters() if p.requires_grad), None)
         if first is not None and trainer.dist.distributed:
             self.hook = first.register_hook(self._grad_ready)
