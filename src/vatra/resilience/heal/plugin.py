@@ -26,6 +26,9 @@ class Healer(Plugin):
 
     def __init__(self, cfg: Config) -> None:
         self.policies: list[Policy] = [POLICIES[name](cfg) for name in cfg.heal.policies]
+        # Per hook, the policies that implement it (in order): these run on every step.
+        self.deciding_after_backward = [p for p in self.policies if _implements(p, "after_backward")]
+        self.deciding_on_step_end = [p for p in self.policies if _implements(p, "on_step_end")]
         self.cap = ActionCap(cfg.heal.max_actions, cfg.heal.window_steps)
         self.clock = 0  # steps executed, including those a rollback undid
         self.counts: dict[str, int] = {}
@@ -35,9 +38,7 @@ class Healer(Plugin):
         for p in self.policies:
             p.on_fit_start(trainer)
 
-    def _act(self, trainer: Trainer, policy: Policy, action: Action | None) -> None:
-        if action is None:
-            return
+    def _act(self, trainer: Trainer, policy: Policy, action: Action) -> None:
         if action.capped:
             self.cap.admit(self.clock, f"{action.kind}: {action.reason}")
         policy.apply(trainer, action)
@@ -59,16 +60,20 @@ class Healer(Plugin):
 
     def after_backward(self, trainer: Trainer) -> None:
         grad_norm = float(trainer.state.extras.get("grad_norm", 0.0))
-        for p in self.policies:
-            self._act(trainer, p, p.after_backward(trainer, grad_norm))
+        for p in self.deciding_after_backward:
+            action = p.after_backward(trainer, grad_norm)
+            if action is not None:
+                self._act(trainer, p, action)
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         self.clock += 1
         verdict: Verdict | None = trainer.state.extras.get("monitor")
         if verdict is not None and verdict.step != metrics["step"]:
             verdict = None  # made at an earlier step: already acted on
-        for p in self.policies:
-            self._act(trainer, p, p.on_step_end(trainer, verdict))
+        for p in self.deciding_on_step_end:
+            action = p.on_step_end(trainer, verdict)
+            if action is not None:
+                self._act(trainer, p, action)
         metrics["heal_actions"] = sum(self.counts.values())
 
     def _close(self, trainer: Trainer) -> None:
@@ -81,3 +86,7 @@ class Healer(Plugin):
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         self._close(trainer)
+
+
+def _implements(policy: Policy, hook: str) -> bool:
+    return getattr(type(policy), hook) is not getattr(Policy, hook)
