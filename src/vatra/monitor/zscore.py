@@ -69,15 +69,8 @@ class RobustZ:
         return (value - self.center) / self.scale()
 
     def z_then_update(self, value: float) -> float:
-        """``z(value)``, then ``update(value)``: the per-step path (the scale is computed once, cached).
-
-        Several of these run per training step, so this and ``update`` avoid property and extra
-        method calls (``ready`` is spelled out).
-        """
-        center = self.center
-        z = 0.0
-        if center is not None and len(self.residuals) >= self.min_count:
-            z = (value - center) / self.scale()
+        """``z(value)``, then ``update(value)``: the per-step path (the scale is computed once, cached)."""
+        z = self.z(value)
         self.update(value)
         return z
 
@@ -88,7 +81,7 @@ class RobustZ:
             self.center = value
             return
         r = value - self.center
-        if len(self.residuals) >= self.min_count:  # ready
+        if self.ready:
             bound = self.clip * self.scale()
             r = min(max(r, -bound), bound)
         self.residuals.append(r)
