@@ -27,7 +27,7 @@ import torch
 from _common import print_table, write_result
 from monitor_overhead import BASE
 from vatra.config import load_config
-from vatra.engine import Plugin, Trainer
+from vatra.engine import Plugin, Trainer, overrides
 from vatra.rundir import RunDir
 from vatra.worker import build_plugins
 
@@ -55,7 +55,7 @@ def run(sets: list[str], steps: int) -> tuple[float, dict[str, float]]:
         for p in plugins:
             name = type(p).__name__
             for hook in ("on_step_start", "after_backward", "on_step_end"):
-                if getattr(type(p), hook) is not getattr(Plugin, hook):  # what PluginList calls
+                if overrides(p, Plugin, hook):  # what PluginList calls
                     setattr(p, hook, _timed(getattr(p, hook), f"{name}.{hook}", spent))
             for policy in getattr(p, "policies", []):  # the healer's
                 for hook in ("after_backward", "on_step_end"):

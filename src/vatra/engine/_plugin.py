@@ -58,7 +58,7 @@ class PluginList:
     def __init__(self, plugins: Iterable[Plugin] = ()) -> None:
         self.plugins = list(plugins)
         self.by_hook = {
-            hook: [getattr(p, hook) for p in self.plugins if _overrides(p, hook)] for hook in HOOKS
+            hook: [getattr(p, hook) for p in self.plugins if overrides(p, Plugin, hook)] for hook in HOOKS
         }
 
     def __iter__(self) -> Iterator[Plugin]:
@@ -97,6 +97,7 @@ class PluginList:
                 continue
 
 
-def _overrides(plugin: Plugin, hook: str) -> bool:
-    """True when ``plugin`` (its class or the instance itself) defines ``hook`` beyond Plugin's no-op."""
-    return hook in vars(plugin) or getattr(type(plugin), hook) is not getattr(Plugin, hook)
+def overrides(obj: object, base: type, hook: str) -> bool:
+    """True when ``obj`` (its class or the instance itself) defines ``hook`` beyond ``base``'s default:
+    how per-step dispatchers (plugins here, healing policies) skip calls that would do nothing."""
+    return hook in vars(obj) or getattr(type(obj), hook) is not getattr(base, hook)

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from vatra.config import Config
-from vatra.engine import Plugin
+from vatra.engine import Plugin, overrides
 from vatra.resilience.heal._base import POLICIES, Action, Policy
 from vatra.resilience.heal.cap import ActionCap
 
@@ -27,8 +27,8 @@ class Healer(Plugin):
     def __init__(self, cfg: Config) -> None:
         self.policies: list[Policy] = [POLICIES[name](cfg) for name in cfg.heal.policies]
         # Per hook, the policies that implement it (in order): these run on every step.
-        self.deciding_after_backward = [p for p in self.policies if _implements(p, "after_backward")]
-        self.deciding_on_step_end = [p for p in self.policies if _implements(p, "on_step_end")]
+        self.deciding_after_backward = [p for p in self.policies if overrides(p, Policy, "after_backward")]
+        self.deciding_on_step_end = [p for p in self.policies if overrides(p, Policy, "on_step_end")]
         self.cap = ActionCap(cfg.heal.max_actions, cfg.heal.window_steps)
         self.clock = 0  # steps executed, including those a rollback undid
         self.counts: dict[str, int] = {}
@@ -86,7 +86,3 @@ class Healer(Plugin):
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         self._close(trainer)
-
-
-def _implements(policy: Policy, hook: str) -> bool:
-    return getattr(type(policy), hook) is not getattr(Policy, hook)
