@@ -20,23 +20,43 @@ if TYPE_CHECKING:
     from vatra.monitor.plugin import Verdict
 
 
-def _copy_tree(src: Any, into: Any = None) -> Any:
-    """A deep copy of ``src`` (nested dicts/lists of tensors and plain values); tensors are copied
-    into ``into``'s matching tensors when it has them, so a snapshot reuses its buffers."""
-    if isinstance(src, torch.Tensor):
-        same = isinstance(into, torch.Tensor) and (into.shape, into.dtype, into.device) == (
-            src.shape,
-            src.dtype,
-            src.device,
-        )
-        return into.copy_(src) if same else src.detach().clone()
-    if isinstance(src, dict):
-        old = into if isinstance(into, dict) else {}
-        return {k: _copy_tree(v, old.get(k)) for k, v in src.items()}
-    if isinstance(src, list | tuple):
-        olds = into if isinstance(into, list | tuple) and len(into) == len(src) else [None] * len(src)
-        return type(src)(_copy_tree(v, o) for v, o in zip(src, olds, strict=True))
-    return copy.deepcopy(src)
+Pairs = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _copy_value(v: Any) -> Any:
+    """A copy of a non-tensor state value: immutable scalars are shared, lists of them copied flat."""
+    if v is None or isinstance(v, int | float | str):  # bool is an int
+        return v
+    if isinstance(v, list | tuple) and all(x is None or isinstance(x, int | float | str) for x in v):
+        return type(v)(v)
+    return copy.deepcopy(v)
+
+
+def _copy_flat(src: dict[Any, Any], into: dict[Any, Any] | None, pairs: Pairs) -> dict[Any, Any]:
+    """A copy of a flat ``{key: tensor or value}`` dict (a model's state, one parameter's optimizer
+    state). A tensor whose counterpart in ``into`` has its shape and dtype is queued in ``pairs`` to
+    be copied into that buffer (:func:`_flush`); one without is cloned."""
+    old = into or {}
+    out: dict[Any, Any] = {}
+    for k, v in src.items():
+        if isinstance(v, torch.Tensor):
+            buf = old.get(k)
+            if isinstance(buf, torch.Tensor) and buf.shape == v.shape and buf.dtype is v.dtype:
+                pairs.append((buf, v))  # take() runs under no_grad: no detach needed
+                out[k] = buf
+            else:
+                out[k] = v.detach().clone()
+        else:
+            out[k] = _copy_value(v)
+    return out
+
+
+def _flush(pairs: Pairs) -> None:
+    """Every queued buffer copy in one ``torch._foreach_copy_`` (separate ``copy_`` calls cost more
+    than the copying itself on a small model)."""
+    if pairs:
+        dst, src = zip(*pairs, strict=True)
+        torch._foreach_copy_(list(dst), list(src))
 
 
 @dataclass
@@ -52,14 +72,26 @@ class Snapshot:
     @classmethod
     @torch.no_grad()
     def take(cls, trainer: Trainer, reuse: Snapshot | None = None) -> Snapshot:
-        """Copy the trainer's state; with ``reuse``, into that older snapshot's tensors (a memcpy per
-        tensor instead of an allocation and a deepcopy: ~20× cheaper on a small model)."""
+        """Copy the trainer's state; with ``reuse``, into that older snapshot's tensors (one batched
+        copy instead of an allocation and a deepcopy per tensor: ~20× cheaper on a small model).
+
+        The state dicts are copied by their known shape (a flat model state; optimizer state per
+        parameter; param groups of plain values) rather than walked generically."""
+        pairs: Pairs = []
+        model = _copy_flat(trainer.model.state_dict(), reuse.model if reuse else None, pairs)
+        opt = trainer.optimizer.state_dict()
+        old_state = reuse.optimizer["state"] if reuse else {}
+        optimizer = {
+            "state": {i: _copy_flat(st, old_state.get(i), pairs) for i, st in opt["state"].items()},
+            "param_groups": [{k: _copy_value(v) for k, v in g.items()} for g in opt["param_groups"]],
+        }
+        _flush(pairs)
         return cls(
             step=trainer.state.step,
-            model=_copy_tree(trainer.model.state_dict(), reuse.model if reuse else None),
-            optimizer=_copy_tree(trainer.optimizer.state_dict(), reuse.optimizer if reuse else None),
-            scheduler=copy.deepcopy(trainer.scheduler.state_dict()),
-            scaler=copy.deepcopy(trainer.scaler.state_dict()),
+            model=model,
+            optimizer=optimizer,
+            scheduler={k: _copy_value(v) for k, v in trainer.scheduler.state_dict().items()},
+            scaler={k: _copy_value(v) for k, v in trainer.scaler.state_dict().items()},
         )
 
     def restore(self, trainer: Trainer) -> None:
