@@ -113,6 +113,54 @@ def test_robust_z_follows_a_level_shift_but_not_a_spike() -> None:
     assert abs(z.z(2.0)) < 3  # a lasting shift becomes the new normal
 
 
+def test_a_window_of_z_updates_in_one_call_equals_one_call_per_value() -> None:
+    rng = np.random.default_rng(0)
+    values = [*rng.normal(1.0, 0.1, 150), 100.0, math.nan, math.inf, *rng.standard_cauchy(150)]
+    one, many = RobustZ(alpha=0.05), RobustZ(alpha=0.05)
+    expected = [one.z_then_update(float(v)) for v in values]
+    got: list[float] = []
+    for i in range(0, len(values), 7):  # windows that straddle the ready point and every refresh
+        got += many.z_then_update_many([float(v) for v in values[i : i + 7]])
+    np.testing.assert_array_equal(got, expected)  # NaN where NaN, bit for bit elsewhere
+    assert (many.center, list(many.residuals)) == (one.center, list(one.residuals))
+
+
+class _RecordingFitter:
+    """Runs each fit at once, in this thread, and records the rows it was given."""
+
+    def __init__(self) -> None:
+        self.fitted: list[np.ndarray] = []
+
+    def submit(self, fn: Any, *args: Any) -> Any:
+        from concurrent.futures import Future
+
+        self.fitted.append(args[-1])
+        fut: Future[Any] = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    def close(self, wait: bool = True) -> None:
+        return None
+
+
+def test_learning_a_window_in_one_call_submits_the_same_fits_as_row_by_row() -> None:
+    cfg = MonitorConfig(warmup_steps=30, refit_every=45)
+    rows = np.random.default_rng(1).normal(size=(200, 3))
+    by_row, by_window = IsolationForestDetector(cfg, 3), IsolationForestDetector(cfg, 3)
+    by_row.fitter, by_window.fitter = _RecordingFitter(), _RecordingFitter()
+    for start in range(0, len(rows), 10):
+        for det in (by_row, by_window):
+            assert det.ready is (det.fits > 0)  # swaps a finished fit in, as the ensemble does per window
+        for x in rows[start : start + 10]:
+            by_row.learn(x)
+        by_window.learn_many(rows[start : start + 10])
+    assert len(by_row.fitter.fitted) >= 3  # the warm-up fit and refits
+    assert len(by_window.fitter.fitted) == len(by_row.fitter.fitted)
+    for a, b in zip(by_window.fitter.fitted, by_row.fitter.fitted, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.stack(by_window.buffer), np.stack(by_row.buffer))
+
+
 def _fails(message: str) -> None:
     raise ValueError(message)
 

@@ -75,5 +75,10 @@ class Detector:
         """Take a clean vector into the model of normal."""
         raise NotImplementedError
 
+    def learn_many(self, rows: np.ndarray) -> None:
+        """``learn`` each row of ``rows`` (n, F) in order; detectors may do it in one go."""
+        for x in rows:
+            self.learn(x)
+
     def close(self, wait: bool = True) -> None:
         """Wait for any background fit (``wait``), or abandon it (the end of a run)."""

@@ -100,6 +100,19 @@ class LearnedDetector(Detector):
             args = (type(self), self.cfg, self.n_features, self.seed, self.fits)
             self._future = self.fitter.submit(_fit_job, *args, np.stack(self.buffer))
 
+    def learn_many(self, rows: np.ndarray) -> None:
+        """``learn`` each row in order; in one go when no fit can become due within these rows (one
+        is in flight, or the next refit is more rows away), which is nearly always."""
+        refit = self.cfg.refit_every
+        quiet = self._future is not None or (
+            self.model is not None and (refit <= 0 or self._since_fit + len(rows) < refit)
+        )
+        if not quiet:
+            super().learn_many(rows)
+            return
+        self.buffer.extend(rows)
+        self._since_fit += len(rows)
+
     def close(self, wait: bool = True) -> None:
         """Wait for a fit in flight and take its model; or, without ``wait`` (the run is over), drop it."""
         if self._future is not None and wait:

@@ -65,7 +65,7 @@ class FeatureBuilder:
         changes = [loss - prev for prev, loss in zip(before, losses, strict=True)]  # the first step's: 0
         self.prev_loss = losses[-1]
         columns = zip(self.streams, (losses, grad_norms, changes), strict=True)
-        return np.array([[s.z_then_update(v) for v in values] for s, values in columns]).T
+        return np.array([s.z_then_update_many(values) for s, values in columns]).T
 
 
 class Ensemble:
@@ -135,6 +135,11 @@ class Ensemble:
                 fired += scores[d.name] > d.threshold()  # NaN (not asked) compares False
         # rows that may alarm; the others are learned as normal
         open_vote = (judged & (fired + len(one_by_one) >= need)).tolist() if ready else [False] * n
+        if not any(open_vote):  # the usual window: every row is learned as normal, in one call each
+            for d in self.detectors:
+                d.learn_many(window)
+            return verdicts
+        clean: list[int] = []  # rows to learn at the end (every detector scores windows at once)
         for i, (j, x) in enumerate(zip(finite, window, strict=True)):
             alarm = None
             if open_vote[i]:
@@ -144,9 +149,15 @@ class Ensemble:
                 if sum(row[d.name] > d.threshold() for d in one_by_one) + fired[i] >= need:
                     alarm = self._alarm(steps[j], ready, row, x, losses[j], grad_norms[j])
             if alarm is None:
-                for d in self.detectors:
-                    d.learn(x)
+                if one_by_one:
+                    for d in self.detectors:
+                        d.learn(x)
+                else:
+                    clean.append(i)
             verdicts[j] = alarm
+        if clean:
+            for d in self.detectors:
+                d.learn_many(window[clean])
         return verdicts
 
     @staticmethod

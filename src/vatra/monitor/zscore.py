@@ -74,6 +74,38 @@ class RobustZ:
         self.update(value)
         return z
 
+    def z_then_update_many(self, values: list[float]) -> list[float]:
+        """``z_then_update`` of each value in turn, in one call: the same arithmetic, with the state
+        in locals (a window's 10 values × 3 streams were 30 calls through ``z``, ``scale``, ``ready``
+        and ``update``, the largest part of judging a window)."""
+        out: list[float] = []
+        residuals, alpha, clip, refresh = self.residuals, self.alpha, self.clip, self.refresh
+        for value in values:
+            ready = len(residuals) >= self.min_count  # then the centre is set too
+            scale = 0.0
+            if ready:
+                scale = self._scale  # type: ignore[assignment]
+                if scale is None or self._since_scale >= refresh:
+                    scale = self.scale()
+                out.append((value - self.center) / scale)  # type: ignore[operator]
+            else:
+                out.append(0.0)
+            if not math.isfinite(value):
+                continue
+            if self.center is None:
+                self.center = value
+                continue
+            r = value - self.center
+            if ready:
+                bound = clip * scale
+                r = min(max(r, -bound), bound)
+            residuals.append(r)
+            self.center += alpha * r
+            self._since_scale += 1
+            if len(residuals) <= self.min_count:
+                self._scale = None  # still filling: keep the scale exact
+        return out
+
     def update(self, value: float) -> None:
         if not math.isfinite(value):
             return
@@ -116,4 +148,7 @@ class ZScoreDetector(Detector):
         return self.cfg.zscore_threshold
 
     def learn(self, x: np.ndarray) -> None:
+        return None
+
+    def learn_many(self, rows: np.ndarray) -> None:
         return None
