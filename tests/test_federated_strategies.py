@@ -85,6 +85,31 @@ def test_fedavg_is_sample_weighted_and_accepts_a_presummed_result() -> None:
     assert s.aggregate(2, [], []) is None  # nothing returned: the model is kept
 
 
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadam", "fedyogi", "clustered", "personalized"])
+def test_strategies_aggregate_uploads_read_as_views_of_the_message(name: str) -> None:
+    # Prepare: three uploads through the wire; the server reads them as read-only views, no copy.
+    cfg = _fed_config(strategy=name, mu=0.01, clusters=2, personal_layers=1)
+    layout = ParamLayout(("w", "b"), ((3,), (2,)))
+    rng = np.random.default_rng(0)
+    size = build_strategy(cfg.federated, layout).update_size()
+    blobs = [
+        encode_res(_res(c, 5 + c, rng.standard_normal(size), model=c % 2, loss_after=1.0, local_accuracy=0.5))
+        for c in range(3)
+    ]
+    views = [decode_res(b) for b in blobs]
+    for res, blob in zip(views, blobs, strict=True):
+        assert not res.update.flags.writeable and np.shares_memory(res.update, np.frombuffer(blob, np.uint8))
+        assert check_update(res, size) is None
+    copies = [FitRes(r.client_id, 1, r.num_samples, r.update.copy(), r.metrics) for r in views]
+    # Execute: aggregate the views (writing into one would raise) and, as the reference, copies.
+    got, want = build_strategy(cfg.federated, layout), build_strategy(cfg.federated, layout)
+    for s, results in ((got, views), (want, copies)):
+        s.initialize(np.zeros(layout.size, np.float32), 0)
+        s.aggregate(1, results, [])
+    # Assert: the same model, bit for bit.
+    np.testing.assert_array_equal(got.weights, want.weights)
+
+
 def test_proximal_term_is_the_gradient_of_mu_half_squared_distance() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)

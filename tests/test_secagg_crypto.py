@@ -27,8 +27,8 @@ from vatra.federated.secagg.crypto import (
     reconstruct,
     share,
 )
-from vatra.federated.secagg.messages import decode_views, pack, unpack
-from vatra.federated.wire import WireError, decode, encode
+from vatra.federated.secagg.messages import pack, unpack
+from vatra.federated.wire import WireError, decode, decode_views, encode
 
 
 @pytest.mark.parametrize("kind", ["aes-ctr", "chacha20"])

@@ -72,12 +72,12 @@ class CompressedUpload(UploadHook):
                 if f"{i}.raw" in res.payload:
                     update[offset : offset + size] = res.payload[f"{i}.raw"]
                     continue
-                parts = []
+                parts = []  # torch.tensor copies: the payload is a read-only view of the message
                 for j in range(len(res.payload)):
                     if f"{i}.{j}" in res.payload:
-                        parts.append(torch.from_numpy(res.payload[f"{i}.{j}"]))
+                        parts.append(torch.tensor(res.payload[f"{i}.{j}"]))
                     elif f"{i}.{j}{_BF16}" in res.payload:
-                        parts.append(torch.from_numpy(res.payload[f"{i}.{j}{_BF16}"]).view(torch.bfloat16))
+                        parts.append(torch.tensor(res.payload[f"{i}.{j}{_BF16}"]).view(torch.bfloat16))
                     else:
                         break
                 dense = self.compressor.decompress(parts, Ctx(torch.Size(shape), torch.float32))

@@ -7,20 +7,17 @@ matrix, so neither side walks it item by item through JSON. Other bytes travel h
 the JSON metadata, other dicts as ``[[key, value], …]``.
 
 Unpacking does not copy tensors out of the message: they are read-only numpy views of the
-received bytes (a masked vector is only read, summed into the total), with every header entry
-checked against the blob's bounds.
+received bytes (:func:`vatra.federated.wire.decode_views`; a masked vector is only read, summed
+into the total), with every header entry checked against the blob's bounds.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import struct
 from typing import Any
 
 import numpy as np
 
-from vatra.federated.wire import MAX_HEADER, WireError, encode
+from vatra.federated.wire import WireError, decode_views, encode
 
 
 def pack(stage: str, rnd: int, msg: dict[str, Any]) -> bytes:
@@ -94,45 +91,3 @@ def _bytes_table(ids: np.ndarray, data: np.ndarray) -> dict[int, bytes]:
         raise WireError("id → bytes table: ids and rows do not match one to one")
     raw, size = data.tobytes(), data.shape[1]
     return {cid: raw[i * size : (i + 1) * size] for i, cid in enumerate(ids.tolist())}
-
-
-_DTYPES = {
-    name: np.dtype(code)
-    for name, code in {
-        "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "F16": "<f2", "U32": "<u4",
-        "I32": "<i4", "F32": "<f4", "U64": "<u8", "I64": "<i8", "F64": "<f8",
-    }.items()
-}  # fmt: skip
-
-
-def decode_views(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """:func:`vatra.federated.wire.decode` without copies: the tensors are read-only views of ``blob``."""
-    if not isinstance(blob, bytes) or len(blob) < 8:
-        raise WireError("message shorter than a safetensors header")
-    (n,) = struct.unpack_from("<Q", blob)
-    if n > MAX_HEADER or 8 + n > len(blob):
-        raise WireError("safetensors header length out of range")
-    try:
-        header = json.loads(blob[8 : 8 + n])
-        meta = json.loads(header.pop("__metadata__", {}).get("meta", "{}"))
-    except (ValueError, AttributeError, TypeError) as err:
-        raise WireError(f"undecodable message: {err}") from None
-    if not isinstance(meta, dict):
-        raise WireError("message metadata is not a JSON object")
-    start, size = 8 + n, len(blob) - 8 - n
-    tensors: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        try:
-            dtype = _DTYPES[info["dtype"]]
-            shape = [int(d) for d in info["shape"]]
-            lo, hi = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise WireError(f"tensor {name!r}: unsupported or malformed header entry") from None
-        count = math.prod(shape)
-        if min(shape, default=0) < 0 or not 0 <= lo <= hi <= size or hi - lo != count * dtype.itemsize:
-            raise WireError(f"tensor {name!r}: offsets do not match its shape and the message size")
-        if count == 0:
-            tensors[name] = np.zeros(shape, dtype=dtype)
-            continue
-        tensors[name] = np.frombuffer(blob, dtype=dtype, count=count, offset=start + lo).reshape(shape)
-    return meta, tensors
