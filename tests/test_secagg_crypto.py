@@ -27,7 +27,7 @@ from vatra.federated.secagg.crypto import (
     reconstruct,
     share,
 )
-from vatra.federated.secagg.messages import pack, unpack
+from vatra.federated.secagg.messages import BytesTable, pack, unpack
 from vatra.federated.wire import WireError, decode, decode_views, encode
 
 
@@ -125,6 +125,18 @@ def test_id_bytes_tables_travel_as_tensors_and_round_trip() -> None:
     stage, rnd, got = unpack(blob)
     assert (stage, rnd) == ("masked_input", 3)
     assert got == msg  # unequal lengths and the empty dict take the generic path
+
+
+def test_bytes_table_takes_rows_by_id_and_rejects_malformed_tables() -> None:
+    table = BytesTable.from_dict({7: b"aa", 2: b"bb", 5: b"cc"})
+    assert table.take([5, 7]).as_dict() == {5: b"cc", 7: b"aa"}  # in the order asked
+    assert len(table.take([])) == 0
+    with pytest.raises(KeyError, match=r"\[3\]"):
+        table.take([3, 5])
+    with pytest.raises(WireError, match="one length"):
+        BytesTable.from_dict({1: b"a", 2: b"bb"})
+    with pytest.raises(WireError, match="one to one"):
+        BytesTable(np.array([1, 1], dtype=np.int64), np.zeros((2, 2), np.uint8))
 
 
 def test_malformed_id_bytes_table_is_a_wire_error() -> None:

@@ -128,7 +128,7 @@ def test_corrupt_revealed_share_aborts_the_round_cleanly() -> None:
 
     def tampered(replies):  # every survivor's share of client 0's self-mask seed is garbage
         for r in replies.values():
-            r["b_shares"][0] = b"\xff" * 33
+            r["b_shares"] = {**r["b_shares"], 0: b"\xff" * 33}
         return orig(replies)
 
     server.finish = tampered  # type: ignore[method-assign]
@@ -168,3 +168,25 @@ def test_client_with_malformed_public_keys_is_left_out() -> None:
     assert sorted(server.keys) == [0, 1, 2, 3, 4]
     q = Quantizer(32, 1.0, 5)  # clients scale by the round's advertised count
     np.testing.assert_allclose(q.decode_sum(total), sum(xs[c] for c in range(5)), atol=q.max_error(5), rtol=0)
+
+
+def test_sealed_shares_routed_only_between_neighbours_still_in_the_round() -> None:
+    # Prepare: secagg+ with k = 2 over 6 clients; the server has their keys.
+    cfg = SecureAggregationConfig(enabled=True, mode="secagg+", neighbours=2)
+    server = SecAggServer(1, cfg, list(range(6)), 4, seed=3)
+    server.advertise_requests()
+    keys = {u: {"c_pk": bytes([u]) * 32, "s_pk": bytes([u + 10]) * 32} for u in range(6)}
+    requests = server.share_keys_requests(keys)
+    for u, req in requests.items():
+        assert dict(req["keys"]) == {v: bytes([v]) * 32 + bytes([v + 10]) * 32 for v in server.graph[u]}
+    # Execute: every client seals a share for every id (itself and non-neighbours too); 5 is gone
+    # and 4 sends sealed shares of the wrong length (left out, like a drop-out).
+    sealed = {u: {"ciphertexts": {v: bytes([u, v]) * 47 for v in range(6)}} for u in range(4)}
+    sealed[4] = {"ciphertexts": {v: b"short" for v in range(6)}}
+    routed = server.masked_input_requests(sealed)
+    # Assert: each client gets exactly its neighbours' shares addressed to it.
+    assert sorted(routed) == server.u2 == [0, 1, 2, 3]
+    for v, req in routed.items():
+        want = [u for u in server.graph[v] if u < 4]
+        assert req["u2"] == want
+        assert dict(req["ciphertexts"]) == {u: bytes([u, v]) * 47 for u in want}

@@ -6,6 +6,7 @@ GF(2^256 + 297), the smallest prime field that holds a 32-byte secret in one sha
 
 from __future__ import annotations
 
+import operator
 import os
 import secrets
 from functools import lru_cache
@@ -23,6 +24,7 @@ PRIME = 2**256 + 297  # the smallest prime above 2^256: the Shamir field
 SECRET_BYTES = 32
 SHARE_BYTES = 33  # a field element, big-endian
 NONCE_BYTES = 12
+SEALED_BYTES = NONCE_BYTES + 2 * SHARE_BYTES + 16  # a sealed pair of shares: nonce ‖ ciphertext ‖ tag
 PrgKind = Literal["aes-ctr", "chacha20"]
 
 
@@ -120,7 +122,7 @@ def reconstruct(shares: dict[int, int], t: int) -> bytes:
         raise SecAggError(f"{len(shares)} share(s), threshold {t}")
     pts = sorted(shares.items())[:t]
     coeffs = lagrange_at_zero(tuple(x for x, _ in pts))
-    secret = sum(y * c for (_, y), c in zip(pts, coeffs, strict=True)) % PRIME
+    secret = sum(map(operator.mul, (y for _, y in pts), coeffs)) % PRIME
     if secret >> (8 * SECRET_BYTES):
         raise SecAggError("the shares do not rebuild a 32-byte secret (corrupt or inconsistent shares)")
     return secret.to_bytes(SECRET_BYTES, "big")
@@ -166,3 +168,13 @@ def bytes_int(b: bytes) -> int:
     if v >= PRIME:
         raise SecAggError("a share outside the Shamir field")
     return v
+
+
+def bytes_ints(raw: bytes) -> list[int]:
+    """:func:`bytes_int` of each consecutive ``SHARE_BYTES``-long share in ``raw``."""
+    if len(raw) % SHARE_BYTES:
+        raise SecAggError(f"{len(raw)} bytes of shares, not a multiple of {SHARE_BYTES}")
+    out = [int.from_bytes(raw[i : i + SHARE_BYTES], "big") for i in range(0, len(raw), SHARE_BYTES)]
+    if out and max(out) >= PRIME:
+        raise SecAggError("a share outside the Shamir field")
+    return out

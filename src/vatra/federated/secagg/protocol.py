@@ -14,7 +14,8 @@ fewer than t it raises :class:`RoundAborted`. ``secagg+`` (Bell et al., CCS'20) 
 other client" by the k neighbours of a random k-regular graph (a circulant graph over a random
 permutation), so a client's cost grows with k, not n. Messages are plain dicts (bytes, ints,
 numpy arrays), packed for the wire by :mod:`vatra.federated.secagg.messages`; keys, sealed shares
-and revealed shares travel as ``{client id: fixed-length bytes}``, which packs to binary tensors.
+and revealed shares travel as ``{client id: fixed-length bytes}`` tables (:class:`BytesTable`: an
+id array and a byte matrix), which the server routes and collects with array operations.
 
 Mask arithmetic runs in uint32 with native wrap-around (mod 2^32, in place) and is reduced
 mod 2^bits once at the end, which gives the same words since 2^bits divides 2^32.
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +32,13 @@ import numpy as np
 
 from vatra.config import SecureAggregationConfig
 from vatra.federated.secagg.crypto import (
+    SEALED_BYTES,
     SECRET_BYTES,
     SHARE_BYTES,
     KeyAgreement,
     SecAggError,
     bytes_int,
+    bytes_ints,
     int_bytes,
     new_keypair,
     open_sealed,
@@ -45,6 +47,8 @@ from vatra.federated.secagg.crypto import (
     seal,
     share,
 )
+from vatra.federated.secagg.messages import BytesTable
+from vatra.federated.wire import WireError
 
 STAGES = ("advertise", "share_keys", "masked_input", "unmask")
 Msg = dict[str, Any]
@@ -208,7 +212,7 @@ class SecAggServer:
     graph: dict[int, list[int]] = field(default_factory=dict)
     t: int = 0
     u2: list[int] = field(default_factory=list)
-    routed: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    edges: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # u · m + v for v ∈ N(u), sorted
     masked: dict[int, np.ndarray] = field(default_factory=dict)
     survivors: dict[str, int] = field(default_factory=dict)  # stage → clients that answered
 
@@ -235,20 +239,27 @@ class SecAggServer:
         u1 = sorted(self.keys)
         self.graph = neighbour_graph(u1, self.cfg, self.seed)
         self.t = threshold(self.cfg, len(next(iter(self.graph.values()))) + 1)
-        roster = {u: c_pk + s_pk for u, (c_pk, s_pk) in self.keys.items()}
-        return {u: {"keys": {v: roster[v] for v in self.graph[u]}, "t": self.t, "n1": len(u1)} for u in u1}
+        keys = np.frombuffer(b"".join(c_pk + s_pk for c_pk, s_pk in map(self.keys.get, u1)), np.uint8)
+        roster = BytesTable(np.array(u1, dtype=np.int64), keys.reshape(len(u1), 64))  # (n1, c_pk ‖ s_pk)
+        rosters = {u: roster.take(self.graph[u]) for u in u1}
+        self.edges = np.sort(np.concatenate([self._edge(np.int64(u), rosters[u].ids) for u in u1]))
+        return {u: {"keys": rosters[u], "t": self.t, "n1": len(u1)} for u in u1}
 
     def masked_input_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
-        self._need("share_keys", len(replies))
-        self.u2 = sorted(replies)
-        inbox: dict[int, dict[int, bytes]] = {v: {} for v in self.u2}
-        for u, r in replies.items():
-            mine = set(self.graph[u]).intersection(inbox)  # u's neighbours still in the round
-            for v, blob in r["ciphertexts"].items():
-                if v in mine:
-                    inbox[v][u] = blob
-        self.routed = inbox
-        return {v: {"ciphertexts": inbox[v], "u2": sorted(inbox[v])} for v in self.u2}
+        # a client whose sealed shares are not a table of sealed-share-long rows is left out, like a drop-out
+        tables = {u: _table(r.get("ciphertexts"), SEALED_BYTES) for u, r in sorted(replies.items())}
+        sent = {u: table for u, table in tables.items() if table is not None}
+        self._need("share_keys", len(sent))
+        self.u2 = list(sent)
+        u2 = np.array(self.u2, dtype=np.int64)
+        sender, receiver, sealed = _entries(sent, u2)  # receivers still in the round, so < m below
+        ok = np.isin(self._edge(sender, receiver), self.edges)  # and neighbours of the sender
+        sender, receiver, sealed = sender[ok], receiver[ok], sealed[ok]
+        lo, hi = np.searchsorted(receiver, u2, "left"), np.searchsorted(receiver, u2, "right")
+        return {
+            v: {"ciphertexts": BytesTable(sender[a:b], sealed[a:b]), "u2": sender[a:b].tolist()}
+            for v, a, b in zip(self.u2, lo.tolist(), hi.tolist(), strict=True)
+        }
 
     def unmask_requests(self, replies: dict[int, Msg]) -> dict[int, Msg]:
         self._need("masked_input", len(replies))
@@ -266,31 +277,33 @@ class SecAggServer:
         """Σ_{u∈U3} x_u mod 2^bits, from the survivors' shares; raises RoundAborted below t."""
         self._need("unmask", len(replies))
         u3 = sorted(self.masked)
-        # v → {x: share}: self-mask seeds of the survivors, mask keys of the drop-outs
-        points: dict[int, dict[int, bytes]] = defaultdict(dict)
-        alive, gone = set(self.masked), set(self.u2).difference(self.masked)
-        for u, r in replies.items():
-            for kind, wanted in (("b_shares", alive), ("s_shares", gone)):
-                table = r.get(kind, {})
-                if not isinstance(table, dict):
-                    raise RoundAborted(f"round {self.rnd}: client {u} sent malformed {kind}")
-                for v, sh in table.items():
-                    if v in wanted:
-                        points[v][u + 1] = sh
-        for v in self.u2:
-            if len(points[v]) < self.t:
+        # (holder, owner, share) of every share the server needs, sorted by owner, then holder:
+        # the survivors' self-mask seeds and the drop-outs' mask keys
+        gone = sorted(set(self.u2).difference(self.masked))
+        parts = [
+            _entries(self._revealed(replies, kind), np.array(owners, dtype=np.int64))
+            for kind, owners in (("b_shares", u3), ("s_shares", gone))
+        ]
+        holder, owner, rows = (np.concatenate(arrays) for arrays in zip(*parts, strict=True))
+        order = np.lexsort((holder, owner))
+        holder, owner, rows = holder[order], owner[order], rows[order]
+        u2 = np.array(self.u2, dtype=np.int64)
+        lo, hi = np.searchsorted(owner, u2, "left"), np.searchsorted(owner, u2, "right")
+        for v, a, b in zip(self.u2, lo.tolist(), hi.tolist(), strict=True):
+            if b - a < self.t:
                 raise RoundAborted(
-                    f"round {self.rnd}: {len(points[v])} share(s) of client {v}'s secret < t = {self.t}"
+                    f"round {self.rnd}: {b - a} share(s) of client {v}'s secret < t = {self.t}"
                 )
         kind, n = self.cfg.prg, self.dim
         scratch = np.empty(n + 4, dtype=np.uint32)
         total = np.zeros(n, dtype=np.uint32)
         for y in self.masked.values():
             np.add(total, y, out=total)  # wraps mod 2^32
-        for v in self.u2:
-            try:
-                pts = sorted(points[v].items())[: self.t]
-                secret = reconstruct({x: bytes_int(sh) for x, sh in pts}, self.t)
+        for v, a in zip(self.u2, lo.tolist(), strict=True):
+            try:  # from the t holders of lowest id; holder u's share is the point x = u + 1
+                pts = slice(a, a + self.t)
+                shares = dict(zip((holder[pts] + 1).tolist(), bytes_ints(rows[pts].tobytes()), strict=True))
+                secret = reconstruct(shares, self.t)
                 if v in self.masked:
                     np.subtract(total, prg(secret, n, kind, out=scratch), out=total)
                     continue
@@ -305,3 +318,37 @@ class SecAggServer:
             total &= np.uint32((1 << self.cfg.bits) - 1)
         self.survivors["summed"] = len(u3)
         return total
+
+    def _edge(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """A key per edge u → v, for the clients of this round (ids up to max(keys))."""
+        return u * (max(self.keys) + 1) + v
+
+    def _revealed(self, replies: dict[int, Msg], kind: str) -> dict[int, BytesTable]:
+        """Each replying client's table of revealed shares of ``kind``; RoundAborted if one is malformed."""
+        tables = {}
+        for u, r in sorted(replies.items()):
+            if (table := _table(r.get(kind, {}), SHARE_BYTES)) is None:
+                raise RoundAborted(f"round {self.rnd}: client {u} sent malformed {kind}")
+            tables[u] = table
+        return tables
+
+
+def _table(value: Any, width: int) -> BytesTable | None:
+    """``value`` as a table of ``width``-byte entries ({} is an empty one), or None if it is not one."""
+    try:
+        table = BytesTable.from_dict(value)
+    except WireError:
+        return None
+    if not len(table):
+        return BytesTable(table.ids, np.zeros((0, width), np.uint8))
+    return table if table.width == width else None
+
+
+def _entries(tables: dict[int, BytesTable], wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """{u: {v: row}} → the arrays (u, v, row) of every entry whose v is in ``wanted``, sorted by v, then u."""
+    src = np.repeat(np.array(list(tables), dtype=np.int64), [len(t) for t in tables.values()])  # (E,)
+    dst = np.concatenate([t.ids for t in tables.values()])  # (E,)
+    rows = np.concatenate([t.rows for t in tables.values()])  # (E, width)
+    keep = np.flatnonzero(np.isin(dst, wanted))
+    keep = keep[np.lexsort((src[keep], dst[keep]))]
+    return src[keep], dst[keep], rows[keep]
