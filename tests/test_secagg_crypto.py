@@ -18,6 +18,7 @@ from vatra.federated.secagg.crypto import (
     SHARE_BYTES,
     KeyAgreement,
     SecAggError,
+    SecretError,
     agree,
     bytes_int,
     int_bytes,
@@ -25,6 +26,7 @@ from vatra.federated.secagg.crypto import (
     new_keypair,
     prg,
     reconstruct,
+    reconstruct_many,
     share,
 )
 from vatra.federated.secagg.messages import BytesTable, pack, unpack
@@ -95,6 +97,23 @@ def test_reused_lagrange_coefficients_rebuild_every_secret() -> None:
     # a different subset of t holders rebuilds the same secret
     shares = share(wanted[0], holders, t)
     assert reconstruct({x: shares[x] for x in holders[-t:]}, t) == wanted[0]
+
+
+@pytest.mark.parametrize("t", [1, 3, 67, 200])
+def test_batch_reconstruction_rebuilds_every_secret_and_names_a_bad_one(t: int) -> None:
+    # Prepare: secrets (random, all ones, zero) shared at the same t points, one row each.
+    xs = tuple(range(5, 5 + t))
+    wanted = [os.urandom(SECRET_BYTES) for _ in range(6)] + [b"\xff" * SECRET_BYTES, bytes(SECRET_BYTES)]
+    rows = np.array(
+        [[list(int_bytes(y)) for y in share(secret, list(xs), t).values()] for secret in wanted], np.uint8
+    )  # (m, t, SHARE_BYTES)
+    # Execute / Assert: the packed sums give every secret, as one-at-a-time reconstruction does.
+    assert reconstruct_many(xs, rows) == wanted
+    assert reconstruct({x: bytes_int(bytes(r)) for x, r in zip(xs, rows[2], strict=True)}, t) == wanted[2]
+    rows[4, t // 2] = 0xFF  # a share outside the field: its secret is named
+    with pytest.raises(SecretError, match="outside") as err:
+        reconstruct_many(xs, rows)
+    assert err.value.index == 4
 
 
 def test_corrupt_or_short_shares_are_refused() -> None:

@@ -32,6 +32,14 @@ class SecAggError(RuntimeError):
     """A protocol message that fails authentication or breaks the protocol's rules."""
 
 
+class SecretError(SecAggError):
+    """Secret ``index`` of a batch (:func:`reconstruct_many`) could not be rebuilt."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+
+
 # ------------------------------------------------------------------ keys
 def new_keypair() -> tuple[bytes, bytes]:
     """(private, public) raw 32-byte X25519 keys."""
@@ -121,11 +129,44 @@ def reconstruct(shares: dict[int, int], t: int) -> bytes:
     if len(shares) < t:
         raise SecAggError(f"{len(shares)} share(s), threshold {t}")
     pts = sorted(shares.items())[:t]
-    coeffs = lagrange_at_zero(tuple(x for x, _ in pts))
-    secret = sum(map(operator.mul, (y for _, y in pts), coeffs)) % PRIME
-    if secret >> (8 * SECRET_BYTES):
-        raise SecAggError("the shares do not rebuild a 32-byte secret (corrupt or inconsistent shares)")
-    return secret.to_bytes(SECRET_BYTES, "big")
+    ys = np.frombuffer(b"".join(int_bytes(y) for _, y in pts), dtype=np.uint8)
+    return reconstruct_many(tuple(x for x, _ in pts), ys.reshape(1, t, SHARE_BYTES))[0]
+
+
+_PRIME_BYTES = np.frombuffer(PRIME.to_bytes(SHARE_BYTES, "big"), dtype=np.uint8)
+
+
+def reconstruct_many(xs: tuple[int, ...], shares: np.ndarray) -> list[bytes]:
+    """:func:`reconstruct` of m secrets all shared at the ``t`` points ``xs``, from their shares.
+
+    ``shares`` is (m, t, SHARE_BYTES) uint8, big-endian: secret v's share at ``xs[i]`` is
+    ``shares[v, i]``. The m weighted sums Σ_i ℓ_i(0)·y_iv take t multiplications instead of t·m
+    (Kronecker substitution): holder i's m shares are packed into one integer with a slot per
+    secret, wide enough that Σ_i ℓ_i·y_iv < t·PRIME² never carries into the next slot.
+    """
+    m, t, size = shares.shape
+    if size != SHARE_BYTES or t != len(xs):
+        raise ValueError(f"shares of shape {shares.shape} for {len(xs)} points")
+    flat = shares.reshape(m * t, SHARE_BYTES)  # each share < PRIME, compared byte by byte
+    differs = flat != _PRIME_BYTES
+    first = differs.argmax(axis=1)
+    outside = ~differs.any(axis=1) | (flat[np.arange(m * t), first] > _PRIME_BYTES[first])
+    if outside.any():
+        raise SecretError(int(np.flatnonzero(outside)[0]) // t, "a share outside the Shamir field")
+    slot = (2 * PRIME.bit_length() + t.bit_length() + 7) // 8  # bytes per secret in a packed integer
+    packed = np.zeros((t, m, slot), dtype=np.uint8)  # (holder, secret, big-endian slot)
+    packed[:, :, slot - SHARE_BYTES :] = shares.transpose(1, 0, 2)
+    ys = (int.from_bytes(packed[i].tobytes(), "big") for i in range(t))
+    raw = sum(map(operator.mul, lagrange_at_zero(xs), ys)).to_bytes(m * slot, "big")
+    out = []
+    for v in range(m):
+        secret = int.from_bytes(raw[v * slot : (v + 1) * slot], "big") % PRIME
+        if secret >> (8 * SECRET_BYTES):
+            raise SecretError(
+                v, "the shares do not rebuild a 32-byte secret (corrupt or inconsistent shares)"
+            )
+        out.append(secret.to_bytes(SECRET_BYTES, "big"))
+    return out
 
 
 @lru_cache(maxsize=256)
@@ -168,13 +209,3 @@ def bytes_int(b: bytes) -> int:
     if v >= PRIME:
         raise SecAggError("a share outside the Shamir field")
     return v
-
-
-def bytes_ints(raw: bytes) -> list[int]:
-    """:func:`bytes_int` of each consecutive ``SHARE_BYTES``-long share in ``raw``."""
-    if len(raw) % SHARE_BYTES:
-        raise SecAggError(f"{len(raw)} bytes of shares, not a multiple of {SHARE_BYTES}")
-    out = [int.from_bytes(raw[i : i + SHARE_BYTES], "big") for i in range(0, len(raw), SHARE_BYTES)]
-    if out and max(out) >= PRIME:
-        raise SecAggError("a share outside the Shamir field")
-    return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +38,13 @@ from vatra.federated.secagg.crypto import (
     SHARE_BYTES,
     KeyAgreement,
     SecAggError,
+    SecretError,
     bytes_int,
-    bytes_ints,
     int_bytes,
     new_keypair,
     open_sealed,
     prg,
-    reconstruct,
+    reconstruct_many,
     seal,
     share,
 )
@@ -294,21 +295,33 @@ class SecAggServer:
                 raise RoundAborted(
                     f"round {self.rnd}: {b - a} share(s) of client {v}'s secret < t = {self.t}"
                 )
+        # each secret from its t holders of lowest id (holder u's share is the point x = u + 1);
+        # secrets with the same t holders (all of them in full mode) are rebuilt together
+        start = dict(zip(self.u2, lo.tolist(), strict=True))
+        groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for v, a in start.items():
+            groups[tuple((holder[a : a + self.t] + 1).tolist())].append(v)
+        secrets: dict[int, bytes] = {}
+        for xs, owners in groups.items():
+            at = np.array([start[v] for v in owners])[:, None] + np.arange(self.t)  # (m, t)
+            try:
+                secrets.update(zip(owners, reconstruct_many(xs, rows[at]), strict=True))
+            except SecretError as err:
+                raise RoundAborted(f"round {self.rnd}: client {owners[err.index]}'s secret: {err}") from None
+            except SecAggError as err:
+                raise RoundAborted(f"round {self.rnd}: the secrets of clients {owners}: {err}") from None
         kind, n = self.cfg.prg, self.dim
         scratch = np.empty(n + 4, dtype=np.uint32)
         total = np.zeros(n, dtype=np.uint32)
         for y in self.masked.values():
             np.add(total, y, out=total)  # wraps mod 2^32
-        for v, a in zip(self.u2, lo.tolist(), strict=True):
-            try:  # from the t holders of lowest id; holder u's share is the point x = u + 1
-                pts = slice(a, a + self.t)
-                shares = dict(zip((holder[pts] + 1).tolist(), bytes_ints(rows[pts].tobytes()), strict=True))
-                secret = reconstruct(shares, self.t)
-                if v in self.masked:
-                    np.subtract(total, prg(secret, n, kind, out=scratch), out=total)
-                    continue
-                ka = KeyAgreement(secret)  # v's mask key, loaded once for all its neighbours
-            except (SecAggError, TypeError, ValueError) as err:
+        for v in self.u2:
+            if v in self.masked:
+                np.subtract(total, prg(secrets[v], n, kind, out=scratch), out=total)
+                continue
+            try:
+                ka = KeyAgreement(secrets[v])  # v's mask key, loaded once for all its neighbours
+            except ValueError as err:
                 raise RoundAborted(f"round {self.rnd}: client {v}'s secret: {err}") from None
             for u in (w for w in self.graph[v] if w in self.masked):
                 seed = ka.derive(self.keys[u][1], _info(self.rnd, u, v, "mask"))
