@@ -120,21 +120,31 @@ class Ensemble:
         need = min(self.cfg.vote, len(ready))
         n = len(finite)
         # Rows judged at all: past the warm-up (counted per finite row, as `observe` would).
-        judged = self.seen + np.arange(1, n + 1) > self.cfg.warmup_steps
+        first_judged = max(0, self.cfg.warmup_steps - self.seen)
         self.seen += n
         batch = sorted((d for d in ready if d.window_scoring), key=lambda d: d.cost)
         one_by_one = [d for d in ready if not d.window_scoring]
-        scores: dict[str, np.ndarray] = {d.name: np.full(n, np.nan) for d in batch}
-        fired = np.zeros(n, np.int64)
+        # Plain lists, not numpy: a window has ~10 rows, and inside a training run (caches cold
+        # from the step) each small numpy call costs ~6x what it costs in a loop on its own.
+        scores: dict[str, list[float]] = {d.name: [math.nan] * n for d in batch}
+        fired = [0] * n
         left = len(ready)
+        open_rows = list(range(first_judged, n)) if ready else []
         for d in batch:
             left -= 1  # detectors after this one
-            open_rows = judged & (fired < need) & (fired + 1 + left >= need)
-            if open_rows.any():
-                scores[d.name][open_rows] = d.score_many(window[open_rows])
-                fired += scores[d.name] > d.threshold()  # NaN (not asked) compares False
+            open_rows = [i for i in open_rows if fired[i] < need and fired[i] + 1 + left >= need]
+            if open_rows:
+                rows = window if len(open_rows) == n else window[open_rows]
+                column, threshold = scores[d.name], d.threshold()
+                for i, score in zip(open_rows, d.score_many(rows).tolist(), strict=True):
+                    column[i] = score
+                    fired[i] += score > threshold
         # rows that may alarm; the others are learned as normal
-        open_vote = (judged & (fired + len(one_by_one) >= need)).tolist() if ready else [False] * n
+        extra = len(one_by_one)
+        open_vote = [False] * n
+        if ready:
+            for i in range(first_judged, n):
+                open_vote[i] = fired[i] + extra >= need
         if not any(open_vote):  # the usual window: every row is learned as normal, in one call each
             for d in self.detectors:
                 d.learn_many(window)
@@ -143,7 +153,7 @@ class Ensemble:
         for i, (j, x) in enumerate(zip(finite, window, strict=True)):
             alarm = None
             if open_vote[i]:
-                row = {name: float(v[i]) for name, v in scores.items()}
+                row = {name: v[i] for name, v in scores.items()}
                 for d in one_by_one:  # scored here, after the rows before have been learned
                     row[d.name] = d.score(x)
                 if sum(row[d.name] > d.threshold() for d in one_by_one) + fired[i] >= need:

@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -113,28 +112,27 @@ class Monitor(Plugin):
 
     def _gather_and_judge(self, trainer: Trainer, metrics: dict[str, Any]) -> Verdict:
         ctx = trainer.dist
-        rows = np.asarray(self.rows, dtype=np.float64)  # (k, C); same k on every rank
-        self.rows = []
-        k = len(rows)
+        rows, self.rows = self.rows, []
+        k = len(rows)  # the same on every rank
         alarm_steps: list[int] = []
         # Verdict vector: [alarms, slowest rank, straggler ratio, data share, k mean losses].
-        if not ctx.distributed:  # nothing to gather or broadcast: stay in numpy
-            v, alarm_steps = self._judge(trainer, rows[None], metrics)
+        if not ctx.distributed:  # nothing to gather or broadcast
+            v, alarm_steps = self._judge(trainer, [rows], metrics)
         else:
             # On the process group's device: NCCL moves CUDA tensors only (gloo takes either).
-            mine = torch.from_numpy(rows).to(ctx.device)
+            mine = torch.tensor(rows, dtype=torch.float64, device=ctx.device)  # (k, C)
             parts = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.is_main else None
             dist.gather(mine, parts, dst=0)
             box = torch.zeros(4 + k, dtype=torch.float64, device=ctx.device)
             if ctx.is_main:
                 assert parts is not None
-                judged, alarm_steps = self._judge(trainer, torch.stack(parts).cpu().numpy(), metrics)
+                judged, alarm_steps = self._judge(trainer, torch.stack(parts).tolist(), metrics)
                 box = torch.tensor(judged, dtype=torch.float64, device=ctx.device)
             dist.broadcast(box, src=0)
             v = box.tolist()
         return Verdict(
             step=metrics["step"],
-            steps=rows[:, 0].astype(np.int64).tolist(),
+            steps=[int(r[0]) for r in rows],
             loss=v[4:],
             alarms=int(v[0]),
             straggler_ratio=v[2],
@@ -144,27 +142,30 @@ class Monitor(Plugin):
         )
 
     def _judge(
-        self, trainer: Trainer, window: np.ndarray, metrics: dict[str, Any]
+        self, trainer: Trainer, window: list[list[list[float]]], metrics: dict[str, Any]
     ) -> tuple[list[float], list[int]]:
-        """Rank 0: run the ensemble on each step of the window (W ranks, k steps, C columns); the
-        straggler and data-wait view. Returns the verdict vector and the steps that alarmed."""
-        col = {c: i for i, c in enumerate(COLUMNS)}
-        loss_mean = window[:, :, col["loss"]].mean(axis=0).tolist()  # (k,)
+        """Rank 0: run the ensemble on each step of the window (W ranks × k steps × C columns, as
+        lists); the straggler and data-wait view. Returns the verdict vector and the steps that
+        alarmed. Plain Python, not numpy: inside a run each small numpy call costs several times
+        what it costs on its own (the training step has taken the caches), and these are tiny."""
+        _, loss_i, grad_i, time_i, data_i, compute_i = range(len(COLUMNS))  # COLUMNS' order
+        ranks, first = len(window), window[0]
+        loss_mean = [sum(w[j][loss_i] for w in window) / ranks for j in range(len(first))]
         alarm_steps: list[int] = []
         assert self.ensemble is not None
-        steps = window[0, :, col["step"]].astype(np.int64).tolist()
-        grad_norms = window[0, :, col["grad_norm"]].tolist()  # global norm: identical on every rank
+        steps = [int(r[0]) for r in first]
+        grad_norms = [r[grad_i] for r in first]  # global norm: identical on every rank
         verdicts = self.ensemble.observe_window(steps, loss_mean, grad_norms)
         for j, alarm in enumerate(verdicts):
             if alarm is not None:
                 alarm_steps.append(alarm.step)
-                self._log_alarm(trainer, alarm, window[:, j, col["loss"]].tolist())
-        totals = window.sum(axis=1)  # (W, C): per rank over the window
-        k = window.shape[1]
-        compute = (totals[:, col["compute_time_s"]] / k).tolist()
-        step_time = (totals[:, col["step_time_s"]] / k).tolist()
-        wait = totals[:, col["data_time_s"]]
-        data_share = float((wait / np.maximum(totals[:, col["step_time_s"]], 1e-12)).max())
+                self._log_alarm(trainer, alarm, [w[j][loss_i] for w in window])
+        k = len(first)
+        compute = [sum(r[compute_i] for r in w) / k for w in window]
+        step_total = [sum(r[time_i] for r in w) for w in window]
+        step_time = [t / k for t in step_total]
+        waits = (sum(r[data_i] for r in w) for w in window)
+        data_share = max(wait / max(t, 1e-12) for wait, t in zip(waits, step_total, strict=True))
         # Against the median of the *other* ranks: with two ranks the plain median is the mean of
         # both, which caps the ratio at 2 however slow one of them is.
         slowest = max(range(len(compute)), key=compute.__getitem__)
