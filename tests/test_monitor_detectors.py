@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,46 @@ def test_fits_run_in_a_helper_process_that_reports_errors_and_exits_with_its_par
     assert helper is not None
     fitter.close()  # closing its stdin ends the helper
     assert helper.poll() is not None and fitter.proc is None
+
+
+PARENT = """
+import os, socket, sys, time
+from vatra.monitor._fitproc import ProcessFitter
+listener = socket.create_server(("127.0.0.1", 0))  # stands for the parent's gloo and HTTP sockets
+fitter = ProcessFitter()
+helper_pid = fitter.submit(os.getpid).result(timeout=120)
+print(helper_pid, type(fitter.proc).__name__, listener.getsockname()[1], flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the forked helper is Linux-only")
+def test_the_forked_helper_keeps_none_of_the_parents_sockets_and_dies_with_a_killed_parent() -> None:
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    # Prepare: a training-like parent that holds a listening socket and has started its helper
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    helper_pid, kind, port = parent.stdout.readline().split()
+    assert kind == "ForkedHelper"  # forked: torch and scikit-learn are not imported again
+    links = [os.readlink(f"/proc/{helper_pid}/fd/{fd}") for fd in os.listdir(f"/proc/{helper_pid}/fd")]
+    assert not any(link.startswith("socket:") for link in links), links
+    # Execute: kill -9 the parent
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    # Assert: the helper sees its job pipe close and exits
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{helper_pid}") and time.monotonic() < deadline:
+        with open(f"/proc/{helper_pid}/stat") as stat:
+            if stat.read().split(")")[-1].split()[0] == "Z":  # exited; reaped by init later
+                break
+        time.sleep(0.05)
+    else:
+        assert not os.path.exists(f"/proc/{helper_pid}"), "the helper outlived its parent"
+    socket.create_server(("127.0.0.1", int(port))).close()  # the parent's port is free: nobody holds it
 
 
 def test_closing_at_the_end_of_a_run_drops_queued_fits_instead_of_starting_a_new_helper() -> None:
