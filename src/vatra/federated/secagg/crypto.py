@@ -147,16 +147,19 @@ def reconstruct_many(xs: tuple[int, ...], shares: np.ndarray) -> list[bytes]:
     m, t, size = shares.shape
     if size != SHARE_BYTES or t != len(xs):
         raise ValueError(f"shares of shape {shares.shape} for {len(xs)} points")
-    flat = shares.reshape(m * t, SHARE_BYTES)  # each share < PRIME, compared byte by byte
-    differs = flat != _PRIME_BYTES
-    first = differs.argmax(axis=1)
-    outside = ~differs.any(axis=1) | (flat[np.arange(m * t), first] > _PRIME_BYTES[first])
-    if outside.any():
-        raise SecretError(int(np.flatnonzero(outside)[0]) // t, "a share outside the Shamir field")
+    # every share < PRIME = 2^256 + 297: a first byte of 0, or of 1 (only ≥ 2^256) checked exactly
+    lead = shares[:, :, 0].reshape(-1)
+    for i in np.flatnonzero(lead).tolist():
+        if lead[i] > 1 or int.from_bytes(shares[i // t, i % t].tobytes(), "big") >= PRIME:
+            raise SecretError(i // t, "a share outside the Shamir field")
     slot = (2 * PRIME.bit_length() + t.bit_length() + 7) // 8  # bytes per secret in a packed integer
-    packed = np.zeros((t, m, slot), dtype=np.uint8)  # (holder, secret, big-endian slot)
-    packed[:, :, slot - SHARE_BYTES :] = shares.transpose(1, 0, 2)
-    ys = (int.from_bytes(packed[i].tobytes(), "big") for i in range(t))
+    if m == 1:  # nothing to pack
+        flat = shares.tobytes()
+        ys = (int.from_bytes(flat[i : i + SHARE_BYTES], "big") for i in range(0, len(flat), SHARE_BYTES))
+    else:
+        packed = np.zeros((t, m, slot), dtype=np.uint8)  # (holder, secret, big-endian slot)
+        packed[:, :, slot - SHARE_BYTES :] = shares.transpose(1, 0, 2)
+        ys = (int.from_bytes(packed[i].tobytes(), "big") for i in range(t))
     raw = sum(map(operator.mul, lagrange_at_zero(xs), ys)).to_bytes(m * slot, "big")
     out = []
     for v in range(m):
