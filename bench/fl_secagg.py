@@ -216,8 +216,7 @@ def main() -> None:
         for row in rows
     ]
     print(
-        f"\nmodel {args.params} params; PRG {args.prg}; local training (10 SGD steps) "
-        f"{train_s * 1e3:.1f} ms"
+        f"\nmodel {args.params} params; PRG {args.prg}; local training (10 SGD steps) {train_s * 1e3:.1f} ms"
     )
     print_table(
         [
