@@ -122,7 +122,10 @@ def test_corrupt_or_short_shares_are_refused() -> None:
     with pytest.raises(SecAggError, match="threshold 3"):
         reconstruct({1: shares[1], 2: shares[2]}, 3)
     bad = {**shares, 1: (shares[1] + 1) % PRIME}
-    # a wrong share rebuilds another field element; mostly ≥ 2^256 (refused) — never the secret
+    # A wrong share rebuilds another field element, never the secret. With p = 2^256 + 297 that
+    # element is almost always below 2^256, so it passes as a (wrong) 32-byte secret: Shamir alone
+    # does not detect a tampered share (semi-honest model); only the rare one at or above 2^256 is
+    # refused here.
     try:
         assert reconstruct(bad, 3) != secret
     except SecAggError as err:
