@@ -9,9 +9,9 @@ nothing, so faults are placed where they are faults.) Healing is off (pure detec
 NaN runs keep skip_spike so one NaN update does not poison every later step.
 
 The learned detectors fit in a thread here (`monitor.fit_in = "thread"`): a run of 300 digits steps
-lasts ~0.3 s, and the default helper process needs ~2-3 s to start (importing torch and
-scikit-learn), so with it the learned detectors would not be ready before these runs end and the
-ensemble would vote with the robust z alone. `--fit-in process` measures that default.
+lasts ~0.3 s, and a fit queued at step 100 in the default helper process (a fork of this one, on
+Linux) often finishes after these runs end, so more alarms would be voted without the learned
+detectors. `--fit-in process` measures that default.
 """
 
 from __future__ import annotations

@@ -1,6 +1,12 @@
 """Monitoring overhead: samples/s with full monitoring vs none, alternated in one process.
 
   python bench/monitor_overhead.py [--rounds 4] [--steps 6000] [--hidden 128,128]
+  python bench/monitor_overhead.py --nproc 4 [--rounds 4] [--steps 1000]
+
+With ``--nproc N`` every run is the flagship as a user starts it (``vatra train examples/digits.toml
+--nproc N``: N gloo ranks, the example's checkpointing and evaluation kept), differing only in the
+config below; samples/s is ``samples_seen / wall_s`` of rank 0's ``fit()`` from summary.json, CPU
+is that of every process of the run (launcher, ranks, fit helper).
 
 Configs, all keeping metrics.jsonl:
   none          monitor and healing off;
@@ -18,10 +24,15 @@ the warm-up fit and refits (every monitor.refit_every = 2000 clean steps) as a r
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,11 +65,26 @@ def measure(sets: list[str]) -> tuple[float, float]:
     return summary["samples_seen"] / wall, 1000 * cpu / summary["steps"]
 
 
+def measure_launched(sets: list[str], nproc: int) -> tuple[float, float]:
+    """(samples/s over rank 0's fit() wall time, CPU ms per step of all the run's processes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "vatra", "train", "examples/digits.toml", "--nproc", str(nproc)]
+        cmd += ["--run-dir", f"{tmp}/run"]
+        for item in ["run.progress=off", "monitor.report=false", *sets]:
+            cmd += ["--set", item]
+        cpu0 = cpu_seconds()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        cpu = cpu_seconds() - cpu0
+        summary = json.loads(Path(f"{tmp}/run/summary.json").read_text())
+    return summary["samples_seen"] / summary["wall_s"], 1000 * cpu / summary["steps"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--hidden", default="128,128", help="MLP widths: a bigger model, a longer step")
+    parser.add_argument("--nproc", type=int, default=1, help="> 1: the flagship run on N ranks via the CLI")
     args = parser.parse_args()
     torch.set_num_threads(1)
     common = [f"train.steps={args.steps}", f"model.hidden=[{args.hidden}]"]
@@ -68,12 +94,17 @@ def main() -> None:
         "full": [*common, "monitor.prometheus_port=0"],
         "full+tracing": [*common, "monitor.prometheus_port=0", "monitor.tracing=true"],
     }
-    measure(configs["none"])  # warm-up: imports, allocator, caches
+    run: Callable[[list[str]], tuple[float, float]] = measure
+    if args.nproc > 1:
+        configs.pop("full+tracing")  # off by default; its cost is measured in the one-process mode
+        run = functools.partial(measure_launched, nproc=args.nproc)
+    else:
+        measure(configs["none"])  # warm-up: imports, allocator, caches
     sps: dict[str, list[float]] = {name: [] for name in configs}
     cpu: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(args.rounds):  # alternate, so machine noise hits every config alike
         for name, sets in configs.items():
-            s, c = measure(sets)
+            s, c = run(sets)
             sps[name].append(s)
             cpu[name].append(c)
     ratios = {name: [a / b for a, b in zip(sps[name], sps["none"], strict=True)] for name in configs}
@@ -82,6 +113,7 @@ def main() -> None:
         "steps": args.steps,
         "hidden": args.hidden,
         "rounds": args.rounds,
+        "nproc": args.nproc,
         "samples_per_s": sps,
         "cpu_ms_per_step": cpu,
         "ratio_to_none": ratios,
@@ -100,6 +132,7 @@ def main() -> None:
             f"{statistics.median(cpu[name]):>13.3f}{result['median_cpu_ratio'][name]:>11.3f}  {per}"
         )
     suffix = "" if args.hidden == "128,128" else "_" + args.hidden.replace(",", "x")
+    suffix += f"_nproc{args.nproc}" if args.nproc > 1 else ""
     write_result(f"monitor_overhead{suffix}", result)
 
 
