@@ -91,6 +91,7 @@ def test_two_nodes_rendezvous_like_torchrun(tmp_path: Path) -> None:
         (["train", "examples/digits.toml", "--set", "train.steps=many"], "error: train.steps:"),
         (["train", "examples/digits.toml", "--nnodes", "2"], "error: --nnodes > 1 needs --rdzv-endpoint"),
         (["config", "show", "examples/digits.toml", "--set", "optim.lr=fast"], "error: optim.lr:"),
+        (["train", "examples/digits.toml", "--set", "comm.momentum_correction=true"], "error: comm"),
         (["train", "examples/digits.toml", "--no-such-flag"], "error: No such option"),
     ],
 )

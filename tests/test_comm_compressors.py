@@ -182,3 +182,10 @@ def test_registry_names_and_config_errors() -> None:
         build_compressor(CommConfig(method="powersgd"))
     with pytest.raises(ValueError, match=r"comm\.topology"):
         CommConfig(method="powersgd", topology="ring")
+    # momentum correction needs a compressor with error feedback; it was silently ignored before
+    for method in ("none", "qsgd", "powersgd"):
+        with pytest.raises(ValueError, match=f"method '{method}'"):
+            CommConfig(method=method, momentum_correction=True)
+    with pytest.raises(ValueError, match=r"comm\.error_feedback = false does not"):
+        CommConfig(method="topk", momentum_correction=True, error_feedback=False)
+    assert CommConfig(method="fp16", momentum_correction=True).momentum_correction

@@ -59,4 +59,12 @@ class CommConfig(Section):
                 "powersgd runs torch's PowerSGD hook, which all-reduces on the default group; "
                 "set comm.topology = 'auto' or 'flat'"
             )
+        no_feedback = self.method in ("none", "qsgd", "powersgd")
+        if self.momentum_correction and (no_feedback or not self.error_feedback):
+            why = f"method '{self.method}'" if no_feedback else "comm.error_feedback = false"
+            raise ValueError(
+                "momentum correction compresses each rank's velocity with error feedback, which "
+                f"{why} does not have; use topk, randomk, onebit, fp16 or bf16 with "
+                "comm.error_feedback = true, or set comm.momentum_correction = false"
+            )
         return self
