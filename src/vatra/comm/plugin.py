@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.comm._base import SparseCompressor, build_compressor
@@ -37,6 +38,8 @@ class CommPlugin(Plugin):
         self.state: HookState | PowerSGDHookState | None = None
         self.builtin_bytes: int | None = None  # per step, when DDP's own all-reduce runs
         self.total_bytes = 0
+        self.names: dict[int, str] = {}  # id(parameter) -> its name, for checkpoints of the memory
+        self.device = torch.device("cpu")
 
     def on_fit_start(self, trainer: Trainer) -> None:
         if not isinstance(trainer.module, DDP):
@@ -71,6 +74,10 @@ class CommPlugin(Plugin):
                 bucket_bytes=int(self.cfg.bucket_mb * 2**20),
             )
             trainer.module.register_comm_hook(self.state, compression_hook)
+            if use_memory:  # residuals (and velocities) are training state: checkpoints keep them
+                self.names = {id(p): name for name, p in trainer.model.named_parameters()}
+                self.device = trainer.dist.device
+                trainer.state.rank_states["comm"] = self
         trainer.log_event("comm", method=self.cfg.method, topology=topology_name)
 
     def _momentum_memory(self, trainer: Trainer, masking: bool) -> MomentumMemory:
@@ -85,6 +92,29 @@ class CommPlugin(Plugin):
             group["momentum"] = 0.0  # the hook's velocity replaces it; weight decay stays in the optimizer
         trainer.log_event("comm", momentum_correction=optim.momentum, masking=masking)
         return MomentumMemory(optim.momentum, masking)
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's error-feedback residuals (and, with momentum correction, velocities) by
+        parameter name; the hook keys them by the parameter's ``id``, which does not survive a restart."""
+        memory = self.state.memory if isinstance(self.state, HookState) else None
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for part in ("residuals", "velocity"):
+            tensors = getattr(memory, part, None)
+            if tensors is not None:
+                out[part] = {self.names[k]: t for k, t in tensors.items() if k in self.names}
+        return out
+
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        memory = self.state.memory if isinstance(self.state, HookState) else None
+        ids = {name: key for key, name in self.names.items()}
+        for part, tensors in state.items():
+            target = getattr(memory, part, None)
+            if target is None:
+                continue  # saved by a run with another comm setting: nothing of it applies
+            target.clear()
+            for name, t in tensors.items():
+                if name in ids:
+                    target[ids[name]] = t.to(self.device)
 
     def on_step_start(self, trainer: Trainer) -> None:
         if self.state is not None:

@@ -37,3 +37,6 @@ class TrainState:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     last_eval: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)  # per-plugin scratch space, keyed by plugin name
+    # Per-rank state other plugins keep (objects with state_dict/load_state_dict), keyed by plugin name:
+    # the checkpoint plugin saves it with each rank's RNG and sampler and restores it on resume.
+    rank_states: dict[str, Any] = field(default_factory=dict)

@@ -62,7 +62,8 @@ def set_rng_state(state: StateDict) -> None:
 
 
 def rank_state(trainer: Trainer) -> bytes:
-    """This rank's small state, serialized (RNG, sampler, scheduler, scaler, counters)."""
+    """This rank's own state, serialized: RNG, sampler, scheduler, scaler, counters, and what plugins
+    registered in ``trainer.state.rank_states`` (the comm plugin's error-feedback residuals)."""
     st = trainer.state
     blob = {
         "rng": rng_state(),
@@ -71,6 +72,7 @@ def rank_state(trainer: Trainer) -> bytes:
         "scaler": trainer.scaler.state_dict(),
         "train_state": {"step": st.step, "samples_seen": st.samples_seen, "train_time_s": st.train_time_s},
         "world_size": trainer.dist.world_size,
+        "plugins": {name: obj.state_dict() for name, obj in st.rank_states.items()},
     }
     buf = io.BytesIO()
     torch.save(blob, buf)
@@ -87,6 +89,10 @@ def load_rank_state(trainer: Trainer, data: bytes) -> None:
     trainer.scheduler.load_state_dict(blob["scheduler"])
     if blob["scaler"]:
         trainer.scaler.load_state_dict(blob["scaler"])
+    saved = blob.get("plugins", {})  # absent in checkpoints written before plugins could add state
+    for name, obj in trainer.state.rank_states.items():
+        if name in saved:
+            obj.load_state_dict(saved[name])
     ts = blob["train_state"]
     trainer.state.step = int(ts["step"])
     trainer.state.samples_seen = int(ts["samples_seen"])
