@@ -240,7 +240,7 @@ class SecAggServer:
         u1 = sorted(self.keys)
         self.graph = neighbour_graph(u1, self.cfg, self.seed)
         self.t = threshold(self.cfg, len(next(iter(self.graph.values()))) + 1)
-        keys = np.frombuffer(b"".join(c_pk + s_pk for c_pk, s_pk in map(self.keys.get, u1)), np.uint8)
+        keys = np.frombuffer(b"".join(c_pk + s_pk for c_pk, s_pk in (self.keys[u] for u in u1)), np.uint8)
         roster = BytesTable(np.array(u1, dtype=np.int64), keys.reshape(len(u1), 64))  # (n1, c_pk ‖ s_pk)
         rosters = {u: roster.take(self.graph[u]) for u in u1}
         self.edges = np.sort(np.concatenate([self._edge(np.int64(u), rosters[u].ids) for u in u1]))
@@ -332,7 +332,7 @@ class SecAggServer:
         self.survivors["summed"] = len(u3)
         return total
 
-    def _edge(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def _edge(self, u: np.ndarray | np.int64, v: np.ndarray) -> np.ndarray:
         """A key per edge u → v, for the clients of this round (ids up to max(keys))."""
         return u * (max(self.keys) + 1) + v
 
