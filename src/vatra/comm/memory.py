@@ -33,6 +33,13 @@ class Memory:
     def residual_norm(self) -> float:
         return float(sum(r.float().norm() ** 2 for r in self.residuals.values()) ** 0.5)
 
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        """The per-tensor state by the caller's keys (a checkpoint renames them)."""
+        return {"residuals": self.residuals}
+
+    def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
+        self.residuals = dict(state.get("residuals", {}))
+
 
 class NoMemory(Memory):
     """Error feedback off: nothing is remembered."""
@@ -62,6 +69,13 @@ class MomentumMemory(Memory):
         self.momentum = momentum
         self.masking = masking
         self.velocity: dict[Hashable, torch.Tensor] = {}
+
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        return {**super().state_dict(), "velocity": self.velocity}
+
+    def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
+        super().load_state_dict(state)
+        self.velocity = dict(state.get("velocity", {}))
 
     def accumulate(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
         u = self.velocity.get(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -94,27 +95,19 @@ class CommPlugin(Plugin):
         return MomentumMemory(optim.momentum, masking)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """This rank's error-feedback residuals (and, with momentum correction, velocities) by
-        parameter name; the hook keys them by the parameter's ``id``, which does not survive a restart."""
-        memory = self.state.memory if isinstance(self.state, HookState) else None
-        out: dict[str, dict[str, torch.Tensor]] = {}
-        for part in ("residuals", "velocity"):
-            tensors = getattr(memory, part, None)
-            if tensors is not None:
-                out[part] = {self.names[k]: t for k, t in tensors.items() if k in self.names}
-        return out
+        """This rank's error-feedback memory by parameter name: the hook keys it by the parameter's
+        ``id``, which does not survive a restart."""
+        assert isinstance(self.state, HookState)  # registered only with a memory
+        names = self.names
+        parts = self.state.memory.state_dict()
+        return {part: {names[k]: t for k, t in d.items() if k in names} for part, d in parts.items()}
 
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        memory = self.state.memory if isinstance(self.state, HookState) else None
-        ids = {name: key for key, name in self.names.items()}
-        for part, tensors in state.items():
-            target = getattr(memory, part, None)
-            if target is None:
-                continue  # saved by a run with another comm setting: nothing of it applies
-            target.clear()
-            for name, t in tensors.items():
-                if name in ids:
-                    target[ids[name]] = t.to(self.device)
+        assert isinstance(self.state, HookState)
+        ids: dict[str, Hashable] = {name: key for key, name in self.names.items()}
+        on = self.device
+        parts = {part: {ids[n]: t.to(on) for n, t in d.items() if n in ids} for part, d in state.items()}
+        self.state.memory.load_state_dict(parts)
 
     def on_step_start(self, trainer: Trainer) -> None:
         if self.state is not None:
