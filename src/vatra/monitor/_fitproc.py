@@ -131,26 +131,30 @@ class ProcessFitter(Fitter):
         # instead of starting a new helper (which would make close wait for its imports and fit).
         self.generation = 0
 
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def _start(self) -> subprocess.Popen[bytes] | ForkedHelper:
-        if self.proc is None or self.proc.poll() is not None:
-            if _can_fork():
-                self.proc = _fork_helper()
-                return self.proc
-            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-            # The same import path as this process (tests and scripts may extend sys.path).
-            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from vatra.monitor._fitproc import serve; serve()"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-            )
+        if self.proc is not None and self._alive():
+            return self.proc
+        if _can_fork():
+            self.proc = _fork_helper()
+            return self.proc
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        # The same import path as this process (tests and scripts may extend sys.path).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from vatra.monitor._fitproc import serve; serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         return self.proc
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         fut: Future[Any] = Future()
         generation = self.generation
-        if (self.proc is None or self.proc.poll() is not None) and _can_fork():
+        if not self._alive() and _can_fork():
             try:
                 with self.lock:  # start it here, on the main thread, where forking is safe
                     self._start()
