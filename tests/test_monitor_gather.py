@@ -1,5 +1,6 @@
-"""The monitor's window pipeline on 2 gloo ranks: every step judged once, verdicts two steps late,
-identical on both ranks, the last window judged before the run ends."""
+"""The monitor's window pipeline on 2 gloo ranks: every step judged once, verdicts a fixed number of
+steps late (2, or 3 with the ensemble in its helper process), identical on both ranks, and every
+window judged before the run ends."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from tests.conftest import small_config
@@ -42,11 +44,11 @@ class Recorder(Plugin):
             )
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
+def _worker(rank: int, init_file: str, out_dir: str, judge_in: str) -> None:
     torch.set_num_threads(1)
     cfg = small_config(
         train={"steps": STEPS, "batch_size": 8},
-        monitor={"gather_every": EVERY, "detectors": ["zscore"], "report": False},
+        monitor={"gather_every": EVERY, "detectors": ["zscore"], "report": False, "judge_in": judge_in},
     )
     ctx = DistContext.init(cfg.dist, rank=rank, world_size=WORLD, init_method=f"file://{init_file}")
     try:
@@ -58,20 +60,30 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         ctx.destroy()
 
 
-def test_verdicts_arrive_two_steps_after_their_window_alike_on_every_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("judge_in", "delivered"),
+    [("inline", [7, 12, 17, 22, 23]), ("process", [8, 13, 18, 23])],  # the ensemble answers a step later
+)
+def test_verdicts_arrive_a_fixed_lag_after_their_window_alike_on_every_rank(
+    tmp_path: Path, judge_in: str, delivered: list[int]
+) -> None:
     # Execute: 23 steps, a window every 5 steps, rank 1 slow
     mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, start_method="spawn"
+        _worker,
+        args=(str(tmp_path / "rdzv"), str(tmp_path), judge_in),
+        nprocs=WORLD,
+        start_method="spawn",
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     verdicts = ranks[0]["verdicts"]
     # Assert: both ranks saw the same verdicts at the same steps
     assert verdicts == ranks[1]["verdicts"]
-    # each window's verdict two steps after its last step; the last window's at the last step
-    assert [v["step"] for v in verdicts] == [7, 12, 17, 22, 23]
-    assert [v["steps"] for v in verdicts] == [list(range(s - 4, s + 1)) for s in (5, 10, 15, 20)] + [
-        [21, 22, 23]
-    ]
+    # each window's verdict a fixed number of steps after its last step; at the last step, every
+    # window still in flight (and the last one, 21-23) in one verdict
+    assert [v["step"] for v in verdicts] == delivered
+    windows = [list(range(s - 4, s + 1)) for s in (5, 10, 15, 20)] + [[21, 22, 23]]
+    expected = windows if judge_in == "inline" else [*windows[:3], windows[3] + windows[4]]
+    assert [v["steps"] for v in verdicts] == expected
     # the loss of each step is the mean over both ranks
     for v in verdicts:
         for step, loss in zip(v["steps"], v["loss"], strict=True):

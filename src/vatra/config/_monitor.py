@@ -37,6 +37,11 @@ class MonitorConfig(Section):
         description="Where iforest/autoencoder fit: a niced helper process (no GIL contention with "
         "training) or a thread of rank 0's training process.",
     )
+    judge_in: Literal["process", "inline"] = Field(
+        "process",
+        description="Where rank 0 runs the ensemble: a forked helper process (Linux; verdicts one "
+        "step later, off the training loop) or inline in the training process.",
+    )
     zscore_threshold: float = Field(
         10.0, gt=0.0, description="zscore: robust z (over EWMA and spread) above which a value is a spike."
     )

@@ -99,7 +99,8 @@ def _can_fork() -> bool:
     return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
 
 
-def _fork_helper() -> ForkedHelper:
+def _fork_helper(nice: bool = True) -> ForkedHelper:
+    """Fork a helper serving jobs on two pipes (see the module's docstring); ``nice``: at a lower priority."""
     jobs_r, jobs_w = os.pipe()
     results_r, results_w = os.pipe()
     pid = os.fork()
@@ -112,7 +113,7 @@ def _fork_helper() -> ForkedHelper:
                 if fd not in keep:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            serve(os.fdopen(jobs_r, "rb"), os.fdopen(results_w, "wb"))
+            serve(os.fdopen(jobs_r, "rb"), os.fdopen(results_w, "wb"), nice=nice)
             code = 0
         finally:
             os._exit(code)  # no atexit handlers or finalizers of the parent's objects
@@ -206,14 +207,14 @@ def build_fitter(kind: str) -> Fitter:
     return ProcessFitter() if kind == "process" else ThreadFitter()
 
 
-def serve(jobs: IO[bytes] | None = None, results: IO[bytes] | None = None) -> None:
+def serve(jobs: IO[bytes] | None = None, results: IO[bytes] | None = None, nice: bool = True) -> None:
     """The helper's loop: one pickled job in, one pickled ``(ok, result)`` out, until EOF.
 
     A fresh interpreter serves stdin/stdout; a forked helper its two pipes."""
     if jobs is None or results is None:
         jobs, results = sys.stdin.buffer, sys.stdout.buffer
         sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
-    if hasattr(os, "nice"):
+    if nice and hasattr(os, "nice"):
         os.nice(10)  # fits can wait; the training processes on this machine cannot
     import torch
 

@@ -6,6 +6,7 @@ import functools
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +15,9 @@ import torch.distributed as dist
 
 from vatra.config import Config
 from vatra.engine import Plugin
+from vatra.monitor._judge import Judge, build_judge
 from vatra.monitor.collect import SystemSampler, module_grad_norms
-from vatra.monitor.ensemble import Alarm, Ensemble
+from vatra.monitor.ensemble import Alarm
 from vatra.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
 # One row per rank per step; the gather ships (steps, len(COLUMNS)) float64 per rank.
 COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "data_time_s", "compute_time_s")
+_, LOSS, GRAD, TIME, DATA, COMPUTE = range(len(COLUMNS))  # their indices in a row
 
 
 @dataclass
@@ -56,16 +59,24 @@ class Verdict:
         )
 
 
+Stage = Callable[["Trainer", "_Window", dict[str, Any]], "Verdict | None"]
+
+
 @dataclass
 class _Window:
-    """A window on its way through the two asynchronous collectives (see :class:`Monitor`)."""
+    """A window on its way to its verdict: groups of stages, one group per step (see :class:`Monitor`)."""
 
     steps: list[int]
-    mine: torch.Tensor  # this rank's rows (k, C): kept alive while the gather is in flight
-    parts: list[torch.Tensor] | None  # rank 0: every rank's rows
-    work: Any  # the collective in flight
-    box: torch.Tensor | None = None  # the verdict vector, once its broadcast has started
+    stages: deque[list[Stage]]
+    mine: list[list[float]]  # this rank's rows (k × C)
+    rows: list[list[list[float]]] | None = None  # rank 0: every rank's rows (W × k × C)
+    sent: torch.Tensor | None = None  # this rank's rows while its gather is in flight
+    parts: list[torch.Tensor] | None = None  # rank 0: the gather's buffers
+    box: torch.Tensor | None = None  # the verdict vector's broadcast buffer
+    work: Any = None  # the collective in flight
+    vector: list[float] | None = None  # [alarms, slowest rank, straggler ratio, data share, k losses]
     alarm_steps: list[int] = field(default_factory=list)
+    stale: bool = False  # its steps were undone by a rollback: judged and logged, not acted on
 
 
 def _verdict(step: int, steps: list[int], v: list[float], alarm_steps: list[int]) -> Verdict:
@@ -90,13 +101,19 @@ class Monitor(Plugin):
     ``broadcast`` sends back a small verdict, so the detectors see every step of every rank
     without a collective per metric or per step.
 
-    With peers both collectives are asynchronous, on the monitor's own process group, and a
-    window moves one stage per step: its gather starts at its last step; one step later rank 0
-    judges it and starts the verdict's broadcast; one step after that every rank reads the verdict
-    (at the same step on every rank, so healing acts alike everywhere). No rank waits for a
-    collective or for rank 0's judgement: blocking, the two collectives cost ~4 ms a window on
-    4 gloo ranks sharing 2 cores (4 % of the flagship's step time); verdicts come two steps later.
-    The run's last step finishes every window in flight and judges its own before returning.
+    A window moves on one stage per step, at the same steps on every rank, so no rank waits for a
+    collective or for the judgement and all ranks act on a verdict alike:
+
+    - with peers, its ``gather`` starts at its last step, asynchronously on the monitor's own
+      process group (blocking, the two collectives cost ~4 ms a window on 4 gloo ranks sharing 2
+      cores, 4 % of the flagship's step time); one step later rank 0 has the rows and hands the
+      window to the ensemble; the verdict's ``broadcast`` starts when the ensemble has answered, and
+      every rank reads the verdict one step after that;
+    - the ensemble runs in a helper process (``judge_in = "process"``, see ``_judge``): it answers
+      one step after it got the window; inline, at once.
+
+    Verdicts thus act 1 step (alone) or 3 steps (with peers) after their window ends; 0 and 2 with
+    ``judge_in = "inline"``. The run's last step takes every window in flight to its verdict.
 
     Compute time is measured from the step's start to the moment the first parameter's gradient
     is produced (the end of local backward, before DDP waits for the last bucket), so a slow rank
@@ -109,18 +126,19 @@ class Monitor(Plugin):
         self.run_dir = run_dir
         self.rows: list[list[float]] = []
         self.sampler: SystemSampler | None = None
-        self.ensemble: Ensemble | None = None
         self.t0 = 0.0
         self.t_grad: float | None = None
         self.hook: Any = None
         self.anomalies = 0
         self.group: Any = None  # with peers: the monitor's own process group
         self.in_flight: deque[_Window] = deque()  # oldest first
+        self.judge: Judge | None = None  # rank 0: where the ensemble runs
+        self.last_step = 0  # a step at or below it means a rollback
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self.sampler = SystemSampler(trainer.dist.device)
         if trainer.dist.is_main:
-            self.ensemble = Ensemble(self.cfg, seed=trainer.cfg.run.seed)
+            self.judge = build_judge(self.cfg, trainer.cfg.run.seed)
         if trainer.dist.distributed:  # collective: every rank builds its plugins alike
             # Its own group: the window's collectives run beside DDP's, not queued among them.
             self.group = dist.new_group()
@@ -140,6 +158,13 @@ class Monitor(Plugin):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         step = metrics["step"]
+        done: list[Verdict] = []
+        if step <= self.last_step:  # a rollback: the windows so far describe steps since undone
+            for w in self.in_flight:
+                w.stale = True
+            if self.rows:  # their own window, so that no later verdict mixes them with new steps
+                done = self._open(trainer, metrics, stale=True)
+        self.last_step = step
         if self.t_grad is not None:
             compute = self.t_grad - self.t0
         elif self.hook is None:
@@ -162,74 +187,113 @@ class Monitor(Plugin):
             ]
         )
         last = step >= trainer.cfg.train.steps or trainer.state.should_stop
-        done = self._advance(trainer, metrics) if self.in_flight and not last else []
+        started = list(self.in_flight)  # windows of earlier steps: one stage group on (all at the end)
+        if started and not last:
+            done += self._advance(trainer, metrics, started)
         if step % self.cfg.gather_every == 0 or last:
-            if self.group is None:  # alone: nothing to gather or broadcast, judged at once
-                rows, self.rows = self.rows, []
-                judged, alarm_steps = self._judge(trainer, [rows], metrics)
-                done.append(_verdict(step, [int(r[0]) for r in rows], judged, alarm_steps))
-            else:
-                self._start(trainer)
-                if last:
-                    done += self._advance(trainer, metrics, finish=True)
-        if done:
-            verdict = functools.reduce(Verdict.then, done)
-            trainer.state.extras["monitor"] = verdict
+            done += self._open(trainer, metrics)
+        if last:
+            done += self._advance(trainer, metrics, list(self.in_flight), finish=True)
+        # The verdict of this step, or None: a verdict is acted on at the step it is delivered only.
+        trainer.state.extras["monitor"] = verdict = functools.reduce(Verdict.then, done) if done else None
+        if verdict is not None:
             trainer.state.healthy = verdict.alarms == 0
 
-    def _start(self, trainer: Trainer) -> None:
-        """Start the asynchronous gather of this rank's rows to rank 0."""
-        ctx = trainer.dist
-        rows, self.rows = self.rows, []
-        # On the process group's device: NCCL moves CUDA tensors only (gloo takes either).
-        mine = torch.tensor(rows, dtype=torch.float64, device=ctx.device)  # (k, C)
-        parts = [torch.empty_like(mine) for _ in range(ctx.world_size)] if ctx.is_main else None
-        work = dist.gather(mine, parts, dst=0, group=self.group, async_op=True)
-        self.in_flight.append(_Window([int(r[0]) for r in rows], mine, parts, work))
+    # ------------------------------------------------------------- the window pipeline
+    def _schedule(self) -> deque[list[Stage]]:
+        """The window's stage groups; by config only, so every rank runs the same collectives."""
+        later = self.cfg.judge_in == "process"  # the ensemble answers a step after it got the window
+        alone: list[list[Stage]] = [[self._submit], [self._collect, self._deliver]]
+        judge: list[list[Stage]] = [[self._gathered, self._submit], [self._collect, self._broadcast]]
+        if not later:  # one group: judged where it is submitted
+            alone, judge = [alone[0] + alone[1]], [judge[0] + judge[1]]
+        if self.group is None:
+            return deque(alone)
+        return deque([[self._gather], *judge, [self._deliver]])
 
-    def _advance(self, trainer: Trainer, metrics: dict[str, Any], finish: bool = False) -> list[Verdict]:
-        """Move every window in flight one stage on (``finish``: to its end), oldest first; returns
-        the verdicts delivered. Every rank calls this at the same steps, so all get them alike."""
+    def _open(self, trainer: Trainer, metrics: dict[str, Any], stale: bool = False) -> list[Verdict]:
+        """A window of the rows since the last one; its first stage group runs now."""
+        rows, self.rows = self.rows, []
+        w = _Window([int(r[0]) for r in rows], self._schedule(), rows, stale=stale)
+        if self.group is None:
+            w.rows = [rows]  # alone: rank 0's rows are all the rows
+        self.in_flight.append(w)
+        return self._advance(trainer, metrics, [w])
+
+    def _advance(
+        self, trainer: Trainer, metrics: dict[str, Any], windows: list[_Window], finish: bool = False
+    ) -> list[Verdict]:
+        """Run the next stage group of each window (``finish``: all of them), oldest window first;
+        returns the verdicts delivered."""
         done: list[Verdict] = []
-        for w in list(self.in_flight):
-            if w.box is None:  # its gather started a step ago: rank 0 judges, the verdict goes out
-                w.work.wait()
-                box = torch.zeros(4 + len(w.steps), dtype=torch.float64, device=trainer.dist.device)
-                if w.parts is not None:  # rank 0
-                    judged, w.alarm_steps = self._judge(trainer, torch.stack(w.parts).tolist(), metrics)
-                    box = torch.tensor(judged, dtype=torch.float64, device=box.device)
-                w.box, w.work = box, dist.broadcast(box, src=0, group=self.group, async_op=True)
+        for w in windows:
+            while w.stages:
+                for stage in w.stages.popleft():
+                    verdict = stage(trainer, w, metrics)
+                    if verdict is not None:
+                        done.append(verdict)
                 if not finish:
-                    continue
-            w.work.wait()  # the verdict's broadcast
-            self.in_flight.popleft()  # stage-2 windows are older than stage-1 ones
-            done.append(_verdict(trainer.state.step, w.steps, w.box.tolist(), w.alarm_steps))
+                    break
+            if not w.stages:
+                self.in_flight.remove(w)
         return done
 
-    def _judge(
-        self, trainer: Trainer, window: list[list[list[float]]], metrics: dict[str, Any]
-    ) -> tuple[list[float], list[int]]:
-        """Rank 0: run the ensemble on each step of the window (W ranks × k steps × C columns, as
-        lists); the straggler and data-wait view. Returns the verdict vector and the steps that
-        alarmed. Plain Python, not numpy: inside a run each small numpy call costs several times
-        what it costs on its own (the training step has taken the caches), and these are tiny."""
-        _, loss_i, grad_i, time_i, data_i, compute_i = range(len(COLUMNS))  # COLUMNS' order
-        ranks, first = len(window), window[0]
-        loss_mean = [sum(w[j][loss_i] for w in window) / ranks for j in range(len(first))]
-        alarm_steps: list[int] = []
-        assert self.ensemble is not None
-        steps = [int(r[0]) for r in first]
-        grad_norms = [r[grad_i] for r in first]  # global norm: identical on every rank
-        verdicts = self.ensemble.observe_window(steps, loss_mean, grad_norms)
-        for j, alarm in enumerate(verdicts):
-            if alarm is not None:
-                alarm_steps.append(alarm.step)
-                self._log_alarm(trainer, alarm, [w[j][loss_i] for w in window])
-        k = len(first)
-        compute = [sum(r[compute_i] for r in w) / k for w in window]
-        step_total = [sum(r[time_i] for r in w) for w in window]
-        step_time = [t / k for t in step_total]
-        waits = (sum(r[data_i] for r in w) for w in window)
+    def _gather(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
+        ctx = trainer.dist
+        # On the process group's device: NCCL moves CUDA tensors only (gloo takes either).
+        w.sent = torch.tensor(w.mine, dtype=torch.float64, device=ctx.device)  # (k, C)
+        w.parts = [torch.empty_like(w.sent) for _ in range(ctx.world_size)] if ctx.is_main else None
+        w.work = dist.gather(w.sent, w.parts, dst=0, group=self.group, async_op=True)
+
+    def _gathered(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
+        w.work.wait()
+        if w.parts is not None:
+            w.rows = torch.stack(w.parts).tolist()
+
+    def _submit(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
+        if w.rows is not None:  # rank 0
+            assert self.judge is not None
+            w.vector = self._view(w.rows, metrics)
+            grad_norms = [r[GRAD] for r in w.rows[0]]  # the global norm: identical on every rank
+            self.judge.submit(w.steps, w.vector[4:], grad_norms)
+
+    def _collect(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
+        if w.rows is not None and w.vector is not None:  # rank 0
+            assert self.judge is not None
+            for j, alarm in enumerate(self.judge.collect()):
+                if alarm is not None:
+                    w.alarm_steps.append(alarm.step)
+                    self._log_alarm(trainer, alarm, [r[j][LOSS] for r in w.rows])
+            w.vector[0] = float(len(w.alarm_steps))
+            metrics["anomalies"] = self.anomalies
+
+    def _broadcast(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
+        device = trainer.dist.device
+        if w.vector is not None:  # rank 0
+            w.box = torch.tensor(w.vector, dtype=torch.float64, device=device)
+        else:
+            w.box = torch.zeros(4 + len(w.steps), dtype=torch.float64, device=device)
+        w.work = dist.broadcast(w.box, src=0, group=self.group, async_op=True)
+
+    def _deliver(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> Verdict | None:
+        if w.box is not None:
+            w.work.wait()
+            w.vector = w.box.tolist()
+        if w.stale:
+            return None
+        assert w.vector is not None
+        return _verdict(trainer.state.step, w.steps, w.vector, w.alarm_steps)
+
+    def _view(self, window: list[list[list[float]]], metrics: dict[str, Any]) -> list[float]:
+        """Rank 0: the verdict vector of a window (W ranks × k steps × C columns, as lists) but for
+        its alarms: mean loss per step, the straggler and the data-wait view. Plain Python, not
+        numpy: inside a run each small numpy call costs several times what it costs on its own
+        (the training step has taken the caches), and these are tiny."""
+        ranks, k = len(window), len(window[0])
+        loss_mean = [sum(w[j][LOSS] for w in window) / ranks for j in range(k)]
+        compute = [sum(r[COMPUTE] for r in w) / k for w in window]
+        step_total = [sum(r[TIME] for r in w) for w in window]
+        waits = (sum(r[DATA] for r in w) for w in window)
         data_share = max(wait / max(t, 1e-12) for wait, t in zip(waits, step_total, strict=True))
         # Against the median of the *other* ranks: with two ranks the plain median is the mean of
         # both, which caps the ratio at 2 however slow one of them is.
@@ -237,12 +301,11 @@ class Monitor(Plugin):
         others = compute[:slowest] + compute[slowest + 1 :]
         median = statistics.median(others) if others else compute[slowest]
         ratio = compute[slowest] / median if median > 0 else 1.0
-        metrics["rank_step_time_s"] = step_time
+        metrics["rank_step_time_s"] = [t / k for t in step_total]
         metrics["rank_compute_time_s"] = compute
         metrics["straggler_ratio"] = ratio
         metrics["slowest_rank"] = slowest
-        metrics["anomalies"] = self.anomalies
-        return [float(len(alarm_steps)), float(slowest), ratio, data_share, *loss_mean], alarm_steps
+        return [0.0, float(slowest), ratio, data_share, *loss_mean]
 
     def _log_alarm(self, trainer: Trainer, alarm: Alarm, rank_losses: list[float]) -> None:
         self.anomalies += 1
@@ -256,14 +319,15 @@ class Monitor(Plugin):
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
-        if self.ensemble is not None:
-            self.ensemble.close(wait=False)  # a fit still running is of no use now
+        if self.judge is not None:
+            self.judge.close(wait=False)  # a fit still running is of no use now
+            self.judge = None
         if self.sampler is not None:
             self.sampler.close()
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         if self.in_flight:  # the loop stopped early (SIGTERM): finish the windows on their way
-            self._advance(trainer, {}, finish=True)
+            self._advance(trainer, {}, list(self.in_flight), finish=True)
         self._close()
         summary["anomalies"] = self.anomalies
         if trainer.dist.is_main and self.cfg.report and self.run_dir is not None:

@@ -1,0 +1,150 @@
+"""Where rank 0 runs the ensemble: in a forked helper process (default on Linux) or inline.
+
+Judging a window (features, detector scores, vote, learning) is ~0.1 ms of numpy and Python in
+isolation, but inside a training run it costs several times that — the training step has taken
+the CPU caches — and on the one-process digits step (≈ 1.2 ms) it was ≈ 40 µs a step, the largest
+part of full monitoring's cost. A thread does not help (the judge holds the GIL the loop needs).
+
+``monitor.judge_in = "process"``: rank 0 forks a helper at the start of the run (torch, numpy and
+the detectors are already imported: a fork, not an interpreter start) and the :class:`Ensemble`
+lives there. A window goes out as one small pickle when it is ready, and its verdicts are read one
+stage later, in submission order, so the verdicts are exactly those of the inline ensemble, at
+fixed steps. The helper is not niced (the loop reads its answers) and fits the learned detectors
+in its own helper, so a fit never delays a verdict. If the helper cannot start or dies, the
+windows not answered yet and all later ones are judged inline by a fresh ensemble, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import warnings
+from collections import deque
+from typing import Any
+
+from vatra.config._monitor import MonitorConfig
+from vatra.monitor._fitproc import ForkedHelper, _can_fork, _fork_helper
+from vatra.monitor.ensemble import Alarm, Ensemble
+
+Window = tuple[list[int], list[float], list[float]]  # steps, mean losses, gradient norms
+
+_ENSEMBLE: Ensemble | None = None  # in the helper process: the one ensemble it serves
+
+
+def _setup(cfg: MonitorConfig, seed: int) -> None:
+    global _ENSEMBLE
+    _ENSEMBLE = Ensemble(cfg, seed=seed)
+
+
+def _observe(steps: list[int], losses: list[float], grad_norms: list[float]) -> list[Alarm | None]:
+    assert _ENSEMBLE is not None, "the judge helper was not set up"
+    return _ENSEMBLE.observe_window(steps, losses, grad_norms)
+
+
+class InlineJudge:
+    """The ensemble in this process: ``collect`` judges the oldest submitted window."""
+
+    def __init__(self, cfg: MonitorConfig, seed: int) -> None:
+        self.ensemble = Ensemble(cfg, seed=seed)
+        self.queue: deque[Window] = deque()
+
+    def submit(self, steps: list[int], losses: list[float], grad_norms: list[float]) -> None:
+        self.queue.append((steps, losses, grad_norms))
+
+    def collect(self) -> list[Alarm | None]:
+        return self.ensemble.observe_window(*self.queue.popleft())
+
+    def close(self, wait: bool = True) -> None:
+        self.ensemble.close(wait)
+
+
+class HelperJudge:
+    """The ensemble in a forked helper: ``submit`` sends a window, ``collect`` reads the verdicts
+    of the oldest one (blocking until the helper has judged it, normally long done)."""
+
+    def __init__(self, cfg: MonitorConfig, seed: int) -> None:
+        self.cfg, self.seed = cfg, seed
+        self.sent: deque[Window] = deque()  # submitted, not collected: re-judged inline if the helper dies
+        self.inline: InlineJudge | None = None
+        self.proc: ForkedHelper | None = None
+        try:
+            self.proc = _fork_helper(nice=False)
+            self._send(_setup, (cfg, seed))
+            self._receive()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _send(self, fn: Any, args: tuple[Any, ...]) -> None:
+        assert self.proc is not None
+        pickle.dump((fn, args), self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.flush()
+
+    def _receive(self) -> Any:
+        assert self.proc is not None
+        ok, value = pickle.load(self.proc.stdout)  # EOFError if the helper is gone
+        if not ok:
+            raise RuntimeError(value)
+        return value
+
+    def _fail(self, exc: BaseException) -> None:
+        warnings.warn(
+            f"monitor: the judge helper process failed ({type(exc).__name__}: {exc}); "
+            "judging in the training process from now on, with detectors that start learning again",
+            stacklevel=3,
+        )
+        self._stop(kill=True)
+        self.inline = InlineJudge(self.cfg, self.seed)
+        self.inline.queue.extend(self.sent)  # unanswered windows: judged inline, in order
+        self.sent.clear()
+
+    def submit(self, steps: list[int], losses: list[float], grad_norms: list[float]) -> None:
+        if self.inline is not None:
+            self.inline.submit(steps, losses, grad_norms)
+            return
+        self.sent.append((steps, losses, grad_norms))
+        try:
+            self._send(_observe, self.sent[-1])
+        except Exception as exc:  # BrokenPipeError: the helper is gone
+            self._fail(exc)
+
+    def collect(self) -> list[Alarm | None]:
+        if self.inline is None:
+            try:
+                verdicts: list[Alarm | None] = self._receive()
+                self.sent.popleft()
+                return verdicts
+            except Exception as exc:
+                self._fail(exc)
+        assert self.inline is not None
+        return self.inline.collect()
+
+    def _stop(self, kill: bool) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if kill:
+            proc.kill()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # EOF: the helper's loop ends, and with it its own fit helper
+        try:
+            proc.wait(timeout=10)
+        except Exception:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the helper (a fit in flight in its own helper is dropped with it)."""
+        self._stop(kill=False)
+        if self.inline is not None:
+            self.inline.close(wait)
+
+
+Judge = InlineJudge | HelperJudge
+
+
+def build_judge(cfg: MonitorConfig, seed: int) -> Judge:
+    """The helper where forking is safe (Linux, main thread) and asked for; else inline."""
+    if cfg.judge_in == "process" and _can_fork():
+        return HelperJudge(cfg, seed)
+    return InlineJudge(cfg, seed)
