@@ -32,8 +32,8 @@ _, LOSS, GRAD, TIME, DATA, COMPUTE = range(len(COLUMNS))  # their indices in a r
 class Verdict:
     """What rank 0 concluded from a gathered window; identical on every rank (broadcast).
 
-    Healing policies read it from ``trainer.state.extras["monitor"]`` at the step it was made. With
-    peers it arrives two steps after its window ends (see :class:`Monitor`); alone, at once.
+    Healing policies read it from ``trainer.state.extras["monitor"]`` at the step it is delivered
+    (None at other steps): 0–3 steps after its window ends, by configuration (see :class:`Monitor`).
     """
 
     step: int  # the step this verdict was delivered at
