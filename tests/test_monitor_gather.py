@@ -1,5 +1,5 @@
 """The monitor's window pipeline on 2 gloo ranks: every step judged once, verdicts a fixed number of
-steps late (2, or 3 with the ensemble in its helper process), identical on both ranks, and every
+steps late (2, or 4 with the ensemble in its helper process), identical on both ranks, and every
 window judged before the run ends."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _worker(rank: int, init_file: str, out_dir: str, judge_in: str) -> None:
 
 @pytest.mark.parametrize(
     ("judge_in", "delivered"),
-    [("inline", [7, 12, 17, 22, 23]), ("process", [8, 13, 18, 23])],  # the ensemble answers a step later
+    [("inline", [7, 12, 17, 22, 23]), ("process", [9, 14, 19, 23])],  # answers read 2 steps later
 )
 def test_verdicts_arrive_a_fixed_lag_after_their_window_alike_on_every_rank(
     tmp_path: Path, judge_in: str, delivered: list[int]

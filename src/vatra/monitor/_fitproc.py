@@ -99,8 +99,9 @@ def _can_fork() -> bool:
     return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
 
 
-def _fork_helper(nice: bool = True) -> ForkedHelper:
-    """Fork a helper serving jobs on two pipes (see the module's docstring); ``nice``: at a lower priority."""
+def _fork_helper(main: Callable[[int, int], None] | None = None) -> ForkedHelper:
+    """Fork a helper that runs :func:`serve` on two pipes (see the module's docstring), or
+    ``main(jobs_fd, results_fd)`` instead."""
     jobs_r, jobs_w = os.pipe()
     results_r, results_w = os.pipe()
     pid = os.fork()
@@ -113,7 +114,10 @@ def _fork_helper(nice: bool = True) -> ForkedHelper:
                 if fd not in keep:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            serve(os.fdopen(jobs_r, "rb"), os.fdopen(results_w, "wb"), nice=nice)
+            if main is None:
+                serve(os.fdopen(jobs_r, "rb"), os.fdopen(results_w, "wb"))
+            else:
+                main(jobs_r, results_w)
             code = 0
         finally:
             os._exit(code)  # no atexit handlers or finalizers of the parent's objects
@@ -207,14 +211,14 @@ def build_fitter(kind: str) -> Fitter:
     return ProcessFitter() if kind == "process" else ThreadFitter()
 
 
-def serve(jobs: IO[bytes] | None = None, results: IO[bytes] | None = None, nice: bool = True) -> None:
+def serve(jobs: IO[bytes] | None = None, results: IO[bytes] | None = None) -> None:
     """The helper's loop: one pickled job in, one pickled ``(ok, result)`` out, until EOF.
 
     A fresh interpreter serves stdin/stdout; a forked helper its two pipes."""
     if jobs is None or results is None:
         jobs, results = sys.stdin.buffer, sys.stdout.buffer
         sys.stdout = sys.stderr  # stray prints must not corrupt the result stream
-    if nice and hasattr(os, "nice"):
+    if hasattr(os, "nice"):
         os.nice(10)  # fits can wait; the training processes on this machine cannot
     import torch
 

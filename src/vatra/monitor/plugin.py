@@ -33,7 +33,7 @@ class Verdict:
     """What rank 0 concluded from a gathered window; identical on every rank (broadcast).
 
     Healing policies read it from ``trainer.state.extras["monitor"]`` at the step it is delivered
-    (None at other steps): 0–3 steps after its window ends, by configuration (see :class:`Monitor`).
+    (None at other steps): 0–4 steps after its window ends, by configuration (see :class:`Monitor`).
     """
 
     step: int  # the step this verdict was delivered at
@@ -109,10 +109,10 @@ class Monitor(Plugin):
       cores, 4 % of the flagship's step time); one step later rank 0 has the rows and hands the
       window to the ensemble; the verdict's ``broadcast`` starts when the ensemble has answered, and
       every rank reads the verdict one step after that;
-    - the ensemble runs in a helper process (``judge_in = "process"``, see ``_judge``): it answers
-      one step after it got the window; inline, at once.
+    - the ensemble runs in a helper process (``judge_in = "process"``, see ``_judge``): its answer
+      is read two steps after it got the window; inline, at once.
 
-    Verdicts thus act 1 step (alone) or 3 steps (with peers) after their window ends; 0 and 2 with
+    Verdicts thus act 2 steps (alone) or 4 steps (with peers) after their window ends; 0 and 2 with
     ``judge_in = "inline"``. The run's last step takes every window in flight to its verdict.
 
     Compute time is measured from the step's start to the moment the first parameter's gradient
@@ -202,11 +202,13 @@ class Monitor(Plugin):
     # ------------------------------------------------------------- the window pipeline
     def _schedule(self) -> deque[list[Stage]]:
         """The window's stage groups; by config only, so every rank runs the same collectives."""
-        later = self.cfg.judge_in == "process"  # the ensemble answers a step after it got the window
-        alone: list[list[Stage]] = [[self._submit], [self._collect, self._deliver]]
-        judge: list[list[Stage]] = [[self._gathered, self._submit], [self._collect, self._broadcast]]
+        # In its helper the ensemble gets two steps to answer (one was not always enough on a 1 ms
+        # step: the helper looks for work between short sleeps); inline it answers at once.
+        later = self.cfg.judge_in == "process"
+        alone: list[list[Stage]] = [[self._submit], [], [self._collect, self._deliver]]
+        judge: list[list[Stage]] = [[self._gathered, self._submit], [], [self._collect, self._broadcast]]
         if not later:  # one group: judged where it is submitted
-            alone, judge = [alone[0] + alone[1]], [judge[0] + judge[1]]
+            alone, judge = [alone[0] + alone[-1]], [judge[0] + judge[-1]]
         if self.group is None:
             return deque(alone)
         return deque([[self._gather], *judge, [self._deliver]])
