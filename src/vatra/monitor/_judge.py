@@ -74,7 +74,7 @@ def _serve(jobs: int, results: int) -> None:
     torch.set_num_threads(1)
     ensemble: Ensemble | None = None
     out: tuple[bool, Any]
-    gaps: deque[float] = deque([0.0], maxlen=4)  # the last times between windows
+    gaps: deque[float] = deque(maxlen=4)  # the last times between jobs
     pause, last = POLL_MIN_S, time.monotonic()
     while True:
         if not select.select([jobs], [], [], 0)[0]:
