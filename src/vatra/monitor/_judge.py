@@ -34,7 +34,7 @@ Window = tuple[list[int], list[float], list[float]]  # steps, mean losses, gradi
 POLL_MIN_S, POLL_MAX_S = 0.0002, 0.02  # the helper's pause between looks at its job pipe
 
 
-def _send(fd: int, obj: Any) -> None:
+def _write_frame(fd: int, obj: Any) -> None:
     """One length-prefixed pickle, written whole."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(struct.pack("<Q", len(data)) + data)
@@ -42,7 +42,7 @@ def _send(fd: int, obj: Any) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _recv(fd: int) -> Any:
+def _read_frame(fd: int) -> Any:
     """One length-prefixed pickle; EOFError when the other end has closed."""
 
     def exactly(n: int) -> bytes:
@@ -84,7 +84,7 @@ def _serve(jobs: int, results: int) -> None:
         gaps.append(now - last)
         pause, last = min(max(min(gaps) / 20, POLL_MIN_S), POLL_MAX_S), now
         try:
-            kind, payload = _recv(jobs)
+            kind, payload = _read_frame(jobs)
         except EOFError:
             return
         try:
@@ -96,7 +96,7 @@ def _serve(jobs: int, results: int) -> None:
         except Exception as exc:
             out = (False, f"{type(exc).__name__}: {exc}")
         try:
-            _send(results, out)
+            _write_frame(results, out)
         except BrokenPipeError:  # the training process is gone
             return
 
@@ -136,11 +136,11 @@ class HelperJudge:
 
     def _send(self, kind: str, payload: tuple[Any, ...]) -> None:
         assert self.proc is not None
-        _send(self.proc.stdin.fileno(), (kind, payload))
+        _write_frame(self.proc.stdin.fileno(), (kind, payload))
 
     def _receive(self) -> Any:
         assert self.proc is not None
-        ok, value = _recv(self.proc.stdout.fileno())  # EOFError if the helper is gone
+        ok, value = _read_frame(self.proc.stdout.fileno())  # EOFError if the helper is gone
         if not ok:
             raise RuntimeError(value)
         return value

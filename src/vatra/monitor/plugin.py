@@ -159,8 +159,9 @@ class Monitor(Plugin):
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         step = metrics["step"]
         done: list[Verdict] = []
+        started = list(self.in_flight)  # windows of earlier steps: one stage group on (all at the end)
         if step <= self.last_step:  # a rollback: the windows so far describe steps since undone
-            for w in self.in_flight:
+            for w in started:
                 w.stale = True
             if self.rows:  # their own window, so that no later verdict mixes them with new steps
                 done = self._open(trainer, metrics, stale=True)
@@ -187,7 +188,6 @@ class Monitor(Plugin):
             ]
         )
         last = step >= trainer.cfg.train.steps or trainer.state.should_stop
-        started = list(self.in_flight)  # windows of earlier steps: one stage group on (all at the end)
         if started and not last:
             done += self._advance(trainer, metrics, started)
         if step % self.cfg.gather_every == 0 or last:
