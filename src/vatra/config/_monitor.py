@@ -35,12 +35,12 @@ class MonitorConfig(Section):
     fit_in: Literal["process", "thread"] = Field(
         "process",
         description="Where iforest/autoencoder fit: a niced helper process (no GIL contention with "
-        "training) or a thread of rank 0's training process.",
+        "the ensemble) or a thread of the process that runs the ensemble (see judge_in).",
     )
     judge_in: Literal["process", "inline"] = Field(
         "process",
-        description="Where rank 0 runs the ensemble: a forked helper process (Linux; verdicts one "
-        "step later, off the training loop) or inline in the training process.",
+        description="Where rank 0 runs the ensemble: a forked helper process (Linux; verdicts two "
+        "steps later, off the training loop) or inline in the training process.",
     )
     zscore_threshold: float = Field(
         10.0, gt=0.0, description="zscore: robust z (over EWMA and spread) above which a value is a spike."
