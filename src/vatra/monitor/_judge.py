@@ -7,8 +7,8 @@ part of full monitoring's cost. A thread does not help (the judge holds the GIL 
 
 ``monitor.judge_in = "process"``: rank 0 forks a helper at the start of the run (torch, numpy and
 the detectors are already imported: a fork, not an interpreter start) and the :class:`Ensemble`
-lives there. A window goes out as one small pickle when it is ready, and its verdicts are read one
-stage later, in submission order, so the verdicts are exactly those of the inline ensemble, at
+lives there. A window goes out as one small pickle when it is ready, and its verdicts are read two
+steps later, in submission order, so the verdicts are exactly those of the inline ensemble, at
 fixed steps. The helper is not niced (the loop reads its answers) and fits the learned detectors
 in its own helper, so a fit never delays a verdict. If the helper cannot start or dies, the
 windows not answered yet and all later ones are judged inline by a fresh ensemble, with a warning.

@@ -134,6 +134,7 @@ class Monitor(Plugin):
         self.in_flight: deque[_Window] = deque()  # oldest first
         self.judge: Judge | None = None  # rank 0: where the ensemble runs
         self.last_step = 0  # a step at or below it means a rollback
+        self.schedule: list[list[Stage]] = []  # a window's stage groups (set at fit start)
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self.sampler = SystemSampler(trainer.dist.device)
@@ -142,6 +143,7 @@ class Monitor(Plugin):
         if trainer.dist.distributed:  # collective: every rank builds its plugins alike
             # Its own group: the window's collectives run beside DDP's, not queued among them.
             self.group = dist.new_group()
+        self.schedule = self._schedule()
         # With peers, compute ends when local backward does, before DDP waits for the last bucket:
         # a tensor hook marks it. Alone, compute is the data wait plus forward-backward, which the
         # trainer times anyway: no call from inside backward into Python is needed.
@@ -200,8 +202,8 @@ class Monitor(Plugin):
             trainer.state.healthy = verdict.alarms == 0
 
     # ------------------------------------------------------------- the window pipeline
-    def _schedule(self) -> deque[list[Stage]]:
-        """The window's stage groups; by config only, so every rank runs the same collectives."""
+    def _schedule(self) -> list[list[Stage]]:
+        """A window's stage groups; by config only, so every rank runs the same collectives."""
         # In its helper the ensemble gets two steps to answer (one was not always enough on a 1 ms
         # step: the helper looks for work between short sleeps); inline it answers at once.
         later = self.cfg.judge_in == "process"
@@ -210,13 +212,13 @@ class Monitor(Plugin):
         if not later:  # one group: judged where it is submitted
             alone, judge = [alone[0] + alone[-1]], [judge[0] + judge[-1]]
         if self.group is None:
-            return deque(alone)
-        return deque([[self._gather], *judge, [self._deliver]])
+            return alone
+        return [[self._gather], *judge, [self._deliver]]
 
     def _open(self, trainer: Trainer, metrics: dict[str, Any], stale: bool = False) -> list[Verdict]:
         """A window of the rows since the last one; its first stage group runs now."""
         rows, self.rows = self.rows, []
-        w = _Window([int(r[0]) for r in rows], self._schedule(), rows, stale=stale)
+        w = _Window([int(r[0]) for r in rows], deque(self.schedule), rows, stale=stale)
         if self.group is None:
             w.rows = [rows]  # alone: rank 0's rows are all the rows
         self.in_flight.append(w)

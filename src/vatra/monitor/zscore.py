@@ -75,38 +75,16 @@ class RobustZ:
         return z
 
     def z_then_update_many(self, values: list[float]) -> list[float]:
-        """``z_then_update`` of each value in turn, in one call (bit for bit the same).
-
-        A window's 10 values × 3 streams were 30 calls through ``z``, ``scale``, ``ready`` and
-        ``update``, the largest part of judging a window; this is the same arithmetic in one loop
-        over local variables, with the scale recomputed only when ``scale`` would recompute it."""
+        """``z_then_update`` of each value in turn, in one call and with one ``scale`` lookup per
+        value (a window's 10 values × 3 streams were 30 calls through ``z``, ``scale``, ``ready`` and
+        ``update``, the largest part of judging a window)."""
         out: list[float] = []
-        residuals, min_count, alpha, clip = self.residuals, self.min_count, self.alpha, self.clip
-        center, scale = self.center, 0.0
-        isfinite = math.isfinite
         for value in values:
-            ready = len(residuals) >= min_count  # then the centre is set too
-            if ready:
-                cached = self._scale
-                scale = self.scale() if cached is None or self._since_scale >= self.refresh else cached
-                out.append((value - center) / scale)  # type: ignore[operator]
-            else:
-                out.append(0.0)
-            if not isfinite(value):
-                continue
-            if center is None:
-                center = value
-                continue
-            r = value - center
-            if ready:
-                bound = clip * scale
-                r = min(max(r, -bound), bound)
-            residuals.append(r)
-            center += alpha * r
-            self._since_scale += 1
-            if len(residuals) <= min_count:
-                self._scale = None  # still filling: keep the scale exact
-        self.center = center
+            ready = self.ready  # then the centre is set too
+            scale = self.scale() if ready else 0.0
+            out.append((value - self.center) / scale if ready and self.center is not None else 0.0)
+            if math.isfinite(value):
+                self._absorb(value, ready, scale)
         return out
 
     def update(self, value: float) -> None:

@@ -67,9 +67,7 @@ class Healer(Plugin):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         self.clock += 1
-        verdict: Verdict | None = trainer.state.extras.get("monitor")
-        if verdict is not None and verdict.step != metrics["step"]:
-            verdict = None  # made at an earlier step: already acted on
+        verdict: Verdict | None = trainer.state.extras.get("monitor")  # None but at the step it arrives
         for p in self.deciding_on_step_end:
             action = p.on_step_end(trainer, verdict)
             if action is not None:
