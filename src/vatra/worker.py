@@ -77,8 +77,8 @@ def run(cfg: Config, run_dir_arg: str | None) -> dict[str, object]:
         run_dir = resolve_run_dir(cfg, ctx, run_dir_arg)
         trainer = Trainer.from_config(cfg, dist=ctx, plugins=build_plugins(cfg, run_dir), run_dir=run_dir)
         summary = trainer.fit()
-        # Leave together: a rank tearing down gloo while a peer is still finishing its last
-        # collective can abort the process ("terminate called without an active exception").
+        # Leave together: no rank tears down its connections while a peer is still in a collective.
+        # (The abort at exit this once was blamed for: DistContext.destroy and release_process_groups.)
         ctx.barrier()
         return summary
     finally:

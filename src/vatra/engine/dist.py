@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -60,6 +64,7 @@ class DistContext:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if not dist.is_initialized():
+            _release_at_exit()
             dist.init_process_group(
                 backend,
                 init_method=init_method,
@@ -86,8 +91,61 @@ class DistContext:
             dist.barrier()
 
     def destroy(self) -> None:
+        """Destroy every process group, then :func:`release_process_groups`."""
         if dist.is_initialized():
             dist.destroy_process_group()
+            release_process_groups()
+
+
+def release_process_groups() -> None:
+    """Free unreachable process groups and let gloo's worker threads go idle, while the
+    interpreter is fully alive; runs again at exit (see :func:`_release_at_exit`).
+
+    gloo runs collectives on worker threads that live until their process group is freed, and
+    ``destroy_process_group`` does not stop them. A worker that finishes a collective then drops
+    the tensors it was given, which takes the GIL. If it gets the GIL only once interpreter shutdown
+    has begun (it was descheduled, or the process exited a few ms after its last collective),
+    Python ends the thread inside that destructor and the process aborts with "terminate called
+    without an active exception" (SIGABRT), after a run that succeeded.
+
+    - A group's destructor releases the GIL and joins its workers: collecting the unreachable
+      groups (they sit in cycles: trainer, plugins) settles theirs for good.
+    - DDP keeps the default group alive to the end, so its workers cannot be joined: this waits,
+      with the GIL free, until no worker is runnable twice in a row (at most 2 s).
+    """
+    gc.collect()
+    deadline = time.monotonic() + 2.0
+    calm = 0
+    while calm < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)  # the GIL is free: a worker waiting for it takes it now
+        calm = 0 if _gloo_worker_runnable() else calm + 1
+
+
+def _gloo_worker_runnable() -> bool:
+    """Whether a thread of this process named like torch's gloo workers is running or runnable
+    (Linux; elsewhere, or if torch renames them, False: the sleeps above still free the GIL)."""
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            if (task / "comm").read_text().strip() != "pt_gloo_runloop":
+                continue
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        if stat[stat.rindex(")") + 2] == "R":  # the state follows the name, which may hold spaces
+            return True
+    return False
+
+
+_registered = False
+
+
+def _release_at_exit() -> None:
+    """Once per process: :func:`release_process_groups` at exit. ``atexit`` runs after the main
+    code has returned (its frames, and the trainer they held, are gone) and before shutdown."""
+    global _registered
+    if not _registered:
+        atexit.register(release_process_groups)
+        _registered = True
 
 
 def _device(local_rank: int) -> torch.device:
