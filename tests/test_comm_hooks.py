@@ -14,8 +14,9 @@ import torch.multiprocessing as mp
 from tests.conftest import small_config
 
 from vatra.comm.plugin import CommPlugin
+from vatra.comm.powersgd import PowerSGDHookState
 from vatra.config import Config
-from vatra.engine import DistContext, Trainer
+from vatra.engine import DistContext, Plugin, Trainer
 
 WORLD = 2
 ACCURACY_CONFIG: dict[str, dict[str, Any]] = {
@@ -40,6 +41,16 @@ def _same_on_all_ranks(t: torch.Tensor) -> bool:
     other = t.clone()
     dist.broadcast(other, src=0)
     return torch.equal(other, t)
+
+
+class _LoadRankState(Plugin):
+    """Placed after the plugin that registers ``name``: loads ``state`` into it at fit start."""
+
+    def __init__(self, name: str, state: dict[str, Any]) -> None:
+        self.name, self.state = name, state
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        trainer.state.rank_states[self.name].load_state_dict(self.state)
 
 
 def _worker(rank: int, init_file: str, out: str) -> None:
@@ -85,7 +96,27 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             assert _same_on_all_ranks(_params(trainer)), (method, topology)
             assert torch.isfinite(_params(trainer)).all()
             results[f"{name}/{topology}"] = summary["comm_bytes"] / full
-        # 3. Accuracy on digits: topk 1% and onebit against none, same seed and steps.
+        # 3. PowerSGD memories that do not fit the buckets they are loaded for (another bucket
+        # layout) start afresh instead of failing inside torch's hook.
+        cfg = small_config(train={"steps": 4}, dist={"bucket_cap_mb": 0.001}, comm={"method": "powersgd"})
+        first = CommPlugin(cfg.comm)
+        _train(cfg, ctx, first)
+        assert isinstance(first.state, PowerSGDHookState)
+        saved = first.state.state_dict()
+        keys = sorted(saved["error"])
+        shifted = {part: {k: d[keys[i - 1]] for i, k in enumerate(keys)} for part, d in saved.items()}
+        assert any(shifted["error"][k].numel() != saved["error"][k].numel() for k in keys)
+        second = CommPlugin(cfg.comm)
+        trainer = Trainer.from_config(cfg, dist=ctx, plugins=[second, _LoadRankState("comm", shifted)])
+        trainer.fit()
+        assert _same_on_all_ranks(_params(trainer)) and torch.isfinite(_params(trainer)).all()
+        assert isinstance(second.state, PowerSGDHookState)
+        now = second.state.state_dict()
+        for part in ("error", "p", "q"):
+            assert {k: t.numel() for k, t in now[part].items()} == {
+                k: t.numel() for k, t in saved[part].items()
+            }
+        # 4. Accuracy on digits: topk 1% and onebit against none, same seed and steps.
         for method in ("none", "topk", "onebit"):
             cfg = small_config(**ACCURACY_CONFIG, comm={"method": method, "ratio": 0.01})
             _, summary = _train(cfg, ctx, CommPlugin(cfg.comm))

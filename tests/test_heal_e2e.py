@@ -61,3 +61,27 @@ def test_lr_spike_diverges_without_healing_and_recovers_with_it(tmp_path: Path) 
     stragglers = [e for e in events if e.get("action") == "straggler"]
     assert stragglers and stragglers[0]["evidence"]["rank"] == 1
     assert "rollback" not in clean.get("heal_actions", {})  # no false rollbacks on the clean run
+
+
+def test_nan_under_gradient_compression_rolls_back_once_from_memory(tmp_path: Path) -> None:
+    # Prepare / Execute: a NaN gradient at step 120 with error feedback (topk's residuals, PowerSGD's
+    # error and warm-start factors: the NaN reaches them in backward) and no checkpoints, so the
+    # rollback restores healing's in-memory snapshot. Both runs side by side.
+    methods = ("topk", "powersgd")
+    sets = [
+        "--set",
+        "checkpoint.enabled=false",
+        "--set",
+        "chaos.inject_nan_at=[120]",
+        "--set",
+        "train.steps=160",
+    ]
+    procs = {m: _start(tmp_path / m, *sets, "--set", f"comm.method={m}") for m in methods}
+    for method, proc in procs.items():
+        summary = _summary(proc, tmp_path / method)
+        # Assert: one skip and one rollback; the snapshot's memories are clean, so training goes on
+        assert summary["heal_actions"] == {"skip_update": 1, "rollback": 1}, method
+        events = read_jsonl(tmp_path / method / "events.jsonl")
+        (rollback,) = [e for e in events if e.get("action") == "rollback"]
+        assert rollback["evidence"]["source"] == "memory"
+        assert summary["val_accuracy"] > 0.85, (method, summary)

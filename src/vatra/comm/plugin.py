@@ -50,6 +50,7 @@ class CommPlugin(Plugin):
         if self.cfg.method == "powersgd":
             self.state = PowerSGDHookState(self.cfg, counter, seed=trainer.cfg.run.seed)
             trainer.module.register_comm_hook(self.state, powersgd_hook)
+            trainer.state.rank_states["comm"] = self.state  # error feedback and warm-start factors
         else:
             topology = build_topology(self.cfg.topology, counter, self.hosts)
             topology_name = topology.name

@@ -37,10 +37,26 @@ class PowerSGDHookState:
         self.world_size = dist.get_world_size()
         self.step = 0
         self.comm_time_s = 0.0
+        self.unchecked: set[int] = set()  # loaded buckets whose memories' sizes are not checked yet
 
     def _all_reduce_bytes(self, elements: int, element_size: int) -> int:
         w = self.world_size
         return 2 * (w - 1) * elements * element_size // w  # gloo's ring all-reduce volume
+
+    def _sizes(self, bucket: dist.GradBucket) -> tuple[int, int, int]:
+        """Elements sent uncompressed, and of all P and all Q factors, for this bucket (as torch's
+        hook decides which matrices are worth compressing)."""
+        rank = self.inner.matrix_approximation_rank
+        uncompressed = ps = qs = 0
+        for g in bucket.gradients():
+            n, m = g.shape[0], g.numel() // max(g.shape[0], 1)
+            r = min(n, m, rank)
+            worth, _, _ = psgd._should_compress(n, m, r, self.inner.min_compression_rate)
+            if worth:
+                ps, qs = ps + n * r, qs + m * r
+            else:
+                uncompressed += g.numel()
+        return uncompressed, ps, qs
 
     def count(self, bucket: dist.GradBucket, compressed: bool) -> None:
         """Bytes of the all-reduces torch's hook just ran on this bucket (three when compressing)."""
@@ -48,24 +64,45 @@ class PowerSGDHookState:
         if not compressed:
             self.counter.add(self._all_reduce_bytes(bucket.buffer().numel(), size))
             return
-        rank = self.inner.matrix_approximation_rank
-        uncompressed = 0
-        for g in bucket.gradients():
-            n, m = g.shape[0], g.numel() // max(g.shape[0], 1)
-            worth, _, _ = psgd._should_compress(n, m, min(n, m, rank), self.inner.min_compression_rate)
-            uncompressed += 0 if worth else g.numel()
-        idx = bucket.index()
-        for elements in (
-            uncompressed,
-            self.inner.p_memory_dict[idx].numel(),
-            self.inner.q_memory_dict[idx].numel(),
-        ):
+        for elements in self._sizes(bucket):
             self.counter.add(self._all_reduce_bytes(elements, size))
+
+    # ------------------------------------------------------------- training state
+    def state_dict(self) -> dict[str, dict[int, torch.Tensor]]:
+        """This rank's error feedback and warm-start factors, per DDP bucket index.
+
+        The iteration count is not kept: a restarted process sends its first steps uncompressed
+        again while DDP rebuilds its buckets, after which the indices mean the same buckets."""
+        s = self.inner
+        return {"error": dict(s.error_dict), "p": dict(s.p_memory_dict), "q": dict(s.q_memory_dict)}
+
+    def load_state_dict(self, state: dict[str, dict[int, torch.Tensor]]) -> None:
+        s = self.inner
+        s.error_dict = dict(state.get("error", {}))
+        s.p_memory_dict = dict(state.get("p", {}))
+        s.q_memory_dict = dict(state.get("q", {}))
+        self.unchecked = set(s.error_dict) | set(s.p_memory_dict)
+
+    def check_loaded(self, bucket: dist.GradBucket) -> None:
+        """Before a loaded bucket is first compressed: drop memories whose sizes do not fit it
+        (another bucket layout), so torch's hook starts them afresh instead of failing."""
+        idx = bucket.index()
+        self.unchecked.discard(idx)
+        s = self.inner
+        _, ps, qs = self._sizes(bucket)
+        error, p, q = s.error_dict.get(idx), s.p_memory_dict.get(idx), s.q_memory_dict.get(idx)
+        if error is not None and error.numel() != bucket.buffer().numel():
+            del s.error_dict[idx]
+        if p is not None and (p.numel() != ps or q is None or q.numel() != qs):
+            s.p_memory_dict.pop(idx)
+            s.q_memory_dict.pop(idx, None)
 
 
 def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     t0 = time.perf_counter()
     compressed = state.inner.iter >= state.inner.start_powerSGD_iter
+    if compressed and state.unchecked:
+        state.check_loaded(bucket)
     result = psgd.powerSGD_hook(state.inner, bucket).wait()
     state.count(bucket, compressed)
     state.comm_time_s += time.perf_counter() - t0

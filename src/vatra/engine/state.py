@@ -38,5 +38,6 @@ class TrainState:
     last_eval: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)  # per-plugin scratch space, keyed by plugin name
     # Per-rank state other plugins keep (objects with state_dict/load_state_dict), keyed by plugin name:
-    # the checkpoint plugin saves it with each rank's RNG and sampler and restores it on resume.
+    # the checkpoint plugin saves it with each rank's RNG and sampler and restores it on resume, and
+    # healing's in-memory snapshots copy it. state_dict() returns {part: {key: tensor or plain value}}.
     rank_states: dict[str, Any] = field(default_factory=dict)

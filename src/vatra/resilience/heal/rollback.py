@@ -68,6 +68,7 @@ class Snapshot:
     optimizer: dict[str, Any]
     scheduler: dict[str, Any]
     scaler: dict[str, Any]
+    plugins: dict[str, dict[str, Any]]  # trainer.state.rank_states: error-feedback residuals
 
     @classmethod
     @torch.no_grad()
@@ -76,7 +77,13 @@ class Snapshot:
         copy instead of an allocation and a deepcopy per tensor: ~20× cheaper on a small model).
 
         The state dicts are copied by their known shape (a flat model state; optimizer state per
-        parameter; param groups of plain values) rather than walked generically."""
+        parameter; param groups of plain values; a plugin's state in flat parts) rather than walked
+        generically.
+
+        Plugins' per-rank state (``trainer.state.rank_states``, what checkpoints keep besides the
+        model) is copied too: the comm plugin's error-feedback residuals are updated in backward,
+        before any policy can skip the step, so a NaN gradient leaves NaN in them and, without
+        them restored, the first step after a rollback is NaN again."""
         pairs: Pairs = []
         model = _copy_flat(trainer.model.state_dict(), reuse.model if reuse else None, pairs)
         opt = trainer.optimizer.state_dict()
@@ -85,6 +92,14 @@ class Snapshot:
             "state": {i: _copy_flat(st, old_state.get(i), pairs) for i, st in opt["state"].items()},
             "param_groups": [{k: _copy_value(v) for k, v in g.items()} for g in opt["param_groups"]],
         }
+        old_plugins = reuse.plugins if reuse else {}
+        plugins = {
+            name: {
+                part: _copy_flat(flat, old_plugins.get(name, {}).get(part), pairs)
+                for part, flat in obj.state_dict().items()
+            }
+            for name, obj in trainer.state.rank_states.items()
+        }
         _flush(pairs)
         return cls(
             step=trainer.state.step,
@@ -92,6 +107,7 @@ class Snapshot:
             optimizer=optimizer,
             scheduler={k: _copy_value(v) for k, v in trainer.scheduler.state_dict().items()},
             scaler={k: _copy_value(v) for k, v in trainer.scaler.state_dict().items()},
+            plugins=plugins,
         )
 
     def restore(self, trainer: Trainer) -> None:
@@ -101,6 +117,8 @@ class Snapshot:
         trainer.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
         trainer.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
         trainer.scaler.load_state_dict(copy.deepcopy(self.scaler))
+        for name, obj in trainer.state.rank_states.items():
+            obj.load_state_dict(copy.deepcopy(self.plugins.get(name, {})))
         trainer.state.step = self.step
 
 
