@@ -50,6 +50,9 @@ class HookState:
         ):
             self.sum_topology = RingTopology(self.counter)
 
+    def forget(self) -> None:
+        self.memory.forget()
+
 
 def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket's gradients across ranks through ``state.compressor``."""

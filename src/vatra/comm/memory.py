@@ -30,6 +30,10 @@ class Memory:
     def update(self, compensated: torch.Tensor, key: Hashable, transmitted: torch.Tensor) -> None:
         self.residuals[key] = compensated - transmitted
 
+    def forget(self) -> None:
+        """Drop what is remembered: the update this step's memory belonged to was skipped."""
+        self.residuals.clear()
+
     def residual_norm(self) -> float:
         return float(sum(r.float().norm() ** 2 for r in self.residuals.values()) ** 0.5)
 
@@ -72,6 +76,10 @@ class MomentumMemory(Memory):
 
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
         return {**super().state_dict(), "velocity": self.velocity}
+
+    def forget(self) -> None:
+        super().forget()
+        self.velocity.clear()
 
     def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
         super().load_state_dict(state)

@@ -117,6 +117,10 @@ class CommPlugin(Plugin):
             self.state.comm_time_s = 0.0
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        if trainer.state.skip_update and self.state is not None:
+            # A skipped update is dropped, not deferred: error feedback already holds what this
+            # step's gradient (a spike, as a rule) did not send, and would send it over the next steps.
+            self.state.forget()
         if self.builtin_bytes is not None:
             self.total_bytes += self.builtin_bytes
             metrics["comm_bytes"] = self.builtin_bytes

@@ -83,6 +83,10 @@ class PowerSGDHookState:
         s.q_memory_dict = dict(state.get("q", {}))
         self.unchecked = set(s.error_dict) | set(s.p_memory_dict)
 
+    def forget(self) -> None:
+        """Drop the error feedback (the warm-start factors are directions only: they stay)."""
+        self.inner.error_dict.clear()
+
     def check_loaded(self, bucket: dist.GradBucket) -> None:
         """Before a loaded bucket is first compressed: drop memories whose sizes do not fit it
         (another bucket layout), so torch's hook starts them afresh instead of failing."""
