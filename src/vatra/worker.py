@@ -78,7 +78,7 @@ def run(cfg: Config, run_dir_arg: str | None) -> dict[str, object]:
         trainer = Trainer.from_config(cfg, dist=ctx, plugins=build_plugins(cfg, run_dir), run_dir=run_dir)
         summary = trainer.fit()
         # Leave together: no rank tears down its connections while a peer is still in a collective.
-        # (The abort at exit this once was blamed for: DistContext.destroy and release_process_groups.)
+        # (The abort at exit it was first added for is fixed in dist.release_process_groups.)
         ctx.barrier()
         return summary
     finally:
