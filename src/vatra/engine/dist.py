@@ -64,7 +64,10 @@ class DistContext:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if not dist.is_initialized():
-            _release_at_exit()
+            # Once per process, at exit: after the main code has returned (its frames, and the
+            # trainer they held, are gone) and before interpreter shutdown begins.
+            atexit.unregister(release_process_groups)
+            atexit.register(release_process_groups)
             dist.init_process_group(
                 backend,
                 init_method=init_method,
@@ -99,7 +102,7 @@ class DistContext:
 
 def release_process_groups() -> None:
     """Free unreachable process groups and let gloo's worker threads go idle, while the
-    interpreter is fully alive; runs again at exit (see :func:`_release_at_exit`).
+    interpreter is fully alive; :meth:`DistContext.init` registers it to run again at exit.
 
     gloo runs collectives on worker threads that live until their process group is freed, and
     ``destroy_process_group`` does not stop them. A worker that finishes a collective then drops
@@ -134,18 +137,6 @@ def _gloo_worker_runnable() -> bool:
         if stat[stat.rindex(")") + 2] == "R":  # the state follows the name, which may hold spaces
             return True
     return False
-
-
-_registered = False
-
-
-def _release_at_exit() -> None:
-    """Once per process: :func:`release_process_groups` at exit. ``atexit`` runs after the main
-    code has returned (its frames, and the trainer they held, are gone) and before shutdown."""
-    global _registered
-    if not _registered:
-        atexit.register(release_process_groups)
-        _registered = True
 
 
 def _device(local_rank: int) -> torch.device:

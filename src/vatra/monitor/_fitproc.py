@@ -193,18 +193,23 @@ class ProcessFitter(Fitter):
             self.proc.kill()  # the I/O thread's read ends with EOFError; it releases the lock
         with self.lock:  # after any job in flight
             if self.proc is not None:
-                if self.proc.stdin is not None:
-                    # EOF ends the helper's loop; after a kill, a job may still be buffered: drop it.
-                    with contextlib.suppress(OSError):
-                        self.proc.stdin.close()
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-                if self.proc.stdout is not None:
-                    self.proc.stdout.close()
+                end_helper(self.proc)
                 self.proc = None
+
+
+def end_helper(proc: subprocess.Popen[bytes] | ForkedHelper) -> None:
+    """Close a helper's job pipe (EOF ends its loop; after a kill, a job may still be buffered:
+    it is dropped), wait for it to exit (killed after 10 s) and close its result pipe."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def build_fitter(kind: str) -> Fitter:

@@ -16,7 +16,6 @@ windows not answered yet and all later ones are judged inline by a fresh ensembl
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import select
@@ -27,7 +26,7 @@ from collections import deque
 from typing import Any
 
 from vatra.config._monitor import MonitorConfig
-from vatra.monitor._fitproc import ForkedHelper, _can_fork, _fork_helper
+from vatra.monitor._fitproc import ForkedHelper, _can_fork, _fork_helper, end_helper
 from vatra.monitor.ensemble import Alarm, Ensemble
 
 Window = tuple[list[int], list[float], list[float]]  # steps, mean losses, gradient norms
@@ -183,14 +182,7 @@ class HelperJudge:
             return
         if kill:
             proc.kill()
-        with contextlib.suppress(OSError):
-            proc.stdin.close()  # EOF: the helper's loop ends, and with it its own fit helper
-        try:
-            proc.wait(timeout=10)
-        except Exception:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        end_helper(proc)  # EOF: the helper's loop ends, and with it its own fit helper
 
     def close(self, wait: bool = True) -> None:
         """Stop the helper (a fit in flight in its own helper is dropped with it)."""
