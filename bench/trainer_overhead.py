@@ -36,7 +36,7 @@ def bench_config(steps: int):
     return config_from_dict(
         {
             "run": {"progress": "off"},
-            "data": {"name": "synthetic", "samples": 20000, "features": 64, "classes": 10},
+            "data": {"name": "synthetic", "samples": 20000, "n_features": 64, "classes": 10},
             "model": {"name": "mlp", "hidden": [512, 512]},
             "train": {"steps": steps, "batch_size": BATCH, "eval_every": 0},
             "optim": {"name": "adamw", "lr": 1e-3},

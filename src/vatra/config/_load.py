@@ -24,6 +24,7 @@ from vatra.config._sections import (
     TrainConfig,
 )
 from vatra.errors import ConfigError
+from vatra.registry import add_import_paths
 
 
 class Config(Section):
@@ -86,16 +87,32 @@ def _format_error(err: ValidationError) -> str:
         allowed = ", ".join(sorted(model.model_fields))
         msg = f"{loc}: unknown key; allowed keys here: {allowed}"
     else:
-        msg = f"{loc or 'config'}: {first['msg']} (got {first.get('input')!r})"
+        text = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        msg = f"{loc or 'config'}: {text} (got {first.get('input')!r})"
     more = len(err.errors()) - 1
     return msg + (f" [+{more} more]" if more else "")
 
 
-def config_from_dict(raw: dict[str, Any]) -> Config:
+def config_from_dict(raw: dict[str, Any], base_dir: str | Path | None = None) -> Config:
+    """Validate a raw config; ``base_dir`` (a config file's folder) joins ``run.import_paths``.
+
+    The import paths go on ``sys.path`` here, so import strings in the config resolve in this
+    process and in every worker that loads the resolved config from the run folder.
+    """
+    if base_dir is not None:
+        run = raw.setdefault("run", {})
+        if isinstance(run, dict):
+            base = Path(base_dir).resolve()
+            given = run.get("import_paths", [])
+            if isinstance(given, list) and all(isinstance(p, str) for p in given):
+                paths = [str(base), *(str((base / p).resolve()) for p in given)]
+                run["import_paths"] = list(dict.fromkeys(paths))
     try:
-        return Config.model_validate(raw)
+        cfg = Config.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_error(err)) from None
+    add_import_paths(cfg.run.import_paths)
+    return cfg
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
@@ -109,7 +126,19 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raw = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{p}: invalid TOML: {err}") from None
-    return config_from_dict(apply_overrides(raw, overrides or []))
+        _absolute_data_path(raw, p.parent)  # a path written in the file is read from the file's folder
+    raw = apply_overrides(raw, overrides or [])
+    _absolute_data_path(raw, Path.cwd())  # one given with --set, from the working directory
+    return config_from_dict(raw, Path(path).parent if path is not None else None)
+
+
+def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:
+    """Make a relative local ``data.path`` absolute against ``base`` (URLs such as s3:// stay)."""
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"]:
+        given = data["path"]
+        if "://" not in given and not Path(given).is_absolute():
+            data["path"] = str(base.resolve() / given)
 
 
 def dump_toml(cfg: Config) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from vatra.registry import DATASETS, LOSSES, MODELS, is_import_string
 
 
 class Section(BaseModel):
@@ -17,6 +19,11 @@ class RunConfig(Section):
     name: str = Field("run", description="Run name; the run folder is runs/<name>-<timestamp>.")
     seed: int = Field(0, description="Global seed; rank r seeds its own RNGs with seed + r.")
     out_dir: str = Field("runs", description="Parent folder of run folders.")
+    import_paths: list[str] = Field(
+        [],
+        description="Folders put first on the import path for import strings (model.name = 'pkg.mod:fn'); "
+        "a config file's own folder is always added, and relative folders are read from it.",
+    )
     log_every: int = Field(10, ge=1, description="Plain log line (non-terminal) every N steps.")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
         "auto", description="Rank 0's progress display: rich bar on a terminal, plain lines otherwise."
@@ -27,17 +34,59 @@ class RunConfig(Section):
     )
 
 
+TaskKind = Literal["classification", "multilabel", "regression", "ranking", "lm", "multitask"]
+
+
 class DataConfig(Section):
-    name: Literal["digits", "synthetic", "text"] = Field("digits", description="Dataset.")
-    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Held-out share (digits, synthetic).")
+    name: str = Field(
+        "digits",
+        description="Data source: digits, synthetic, text, table (CSV/Parquet), npz, images, or an "
+        "import string 'package.module:build' returning (train, val) torch Datasets.",
+    )
+    kwargs: dict[str, Any] = Field(
+        {}, description="Keyword arguments for an import-string data factory (data.name = 'pkg.mod:fn')."
+    )
+    path: str = Field("", description="table / npz / images: a file, a folder, or a glob of files.")
+    target: str | list[str] = Field(
+        "", description="table: the target column, or a list (multilabel, multi-output or multitask)."
+    )
+    features: list[str] = Field([], description="table: feature columns; [] = every other column.")
+    categorical: list[str] = Field([], description="table: feature columns read as categories.")
+    categorical_encoding: Literal["onehot", "embedding"] = Field(
+        "onehot",
+        description="table: categories as one-hot columns, or as integer ids (inputs['ids']) for "
+        "embeddings (the built-in mlp embeds them).",
+    )
+    split_column: str = Field(
+        "", description="table: a column whose value 'train' or 'val' says where a row goes; '' = random."
+    )
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Held-out share when no split column says.")
+    group: str = Field("", description="table: the column that groups rows into ranking lists (queries).")
+    nan: Literal["error", "drop", "mean"] = Field(
+        "error", description="table: rows with missing values are an error, dropped, or filled with the mean."
+    )
+    standardize: bool = Field(
+        True,
+        description="table / npz: scale numeric features with mean and std of the training split "
+        "(saved in the run folder, reused for evaluation and on resume).",
+    )
+    streaming: bool = Field(
+        False,
+        description="table (Parquet): read row group by row group instead of loading the table "
+        "(for data larger than memory); each rank and loader worker reads its own row groups.",
+    )
+    image_size: list[int] = Field([32, 32], description="images: every image is resized to [H, W].")
+    image_mode: Literal["L", "RGB"] = Field("RGB", description="images: grayscale (L) or colour (RGB).")
+    workers: int = Field(0, ge=0, description="DataLoader worker processes per rank; 0 = load in the trainer.")
+    prefetch_factor: int = Field(2, ge=1, description="Batches each loader worker prepares ahead.")
     sharding: Literal["random", "contiguous", "stratified", "dirichlet", "label_skew"] = Field(
-        "random", description="How training samples are split across ranks."
+        "random", description="How training samples are split across ranks (map-style datasets)."
     )
     alpha: float = Field(0.5, gt=0.0, description="Dirichlet concentration (sharding = dirichlet).")
     classes_per_shard: int = Field(2, ge=1, description="Classes per shard (sharding = label_skew).")
     # synthetic
     samples: int = Field(20000, ge=10, description="synthetic: number of samples.")
-    features: int = Field(64, ge=2, description="synthetic: input features.")
+    n_features: int = Field(64, ge=2, description="synthetic: input features.")
     classes: int = Field(10, ge=2, description="synthetic: number of classes.")
     informative: int = Field(32, ge=1, description="synthetic: informative features (≤ features).")
     noise: float = Field(0.05, ge=0.0, le=1.0, description="synthetic: share of flipped labels.")
@@ -46,21 +95,33 @@ class DataConfig(Section):
     max_chars: int = Field(2_000_000, ge=10_000, description="text: corpus size cap in characters.")
     val_windows: int = Field(512, ge=1, description="text: number of fixed validation windows.")
 
+    _name = field_validator("name")(lambda v: DATASETS.check(v))
+
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
-        if self.informative > self.features:
-            raise ValueError(f"informative ({self.informative}) must be ≤ features ({self.features})")
+        if self.informative > self.n_features:
+            raise ValueError(f"informative ({self.informative}) must be ≤ n_features ({self.n_features})")
+        if len(self.image_size) != 2 or min(self.image_size) < 1:
+            raise ValueError(f"image_size must be [H, W] with both ≥ 1 (got {self.image_size})")
         return self
 
 
 class ModelConfig(Section):
-    name: Literal["mlp", "cnn", "gpt"] = Field("mlp", description="Built-in model.")
+    name: str = Field(
+        "mlp",
+        description="Model: mlp, cnn, gpt, or an import string 'package.module:build' returning an "
+        "nn.Module (called with [model.kwargs], and the dataset spec when it takes a 'spec' argument).",
+    )
+    kwargs: dict[str, Any] = Field({}, description="Keyword arguments for an import-string model builder.")
     hidden: list[int] = Field([128, 128], description="mlp: hidden layer widths.")
+    embedding_dim: int = Field(8, ge=1, description="mlp: width of each categorical feature's embedding.")
     channels: list[int] = Field([16, 32], description="cnn: conv channel widths.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability.")
     n_layer: int = Field(2, ge=1, description="gpt: transformer blocks.")
     n_head: int = Field(4, ge=1, description="gpt: attention heads.")
     n_embd: int = Field(128, ge=8, description="gpt: embedding width (divisible by n_head).")
+
+    _name = field_validator("name")(lambda v: MODELS.check(v))
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -71,15 +132,77 @@ class ModelConfig(Section):
         return self
 
 
+class HeadConfig(Section):
+    """One named head of a multitask model: its target has the same name in the dataset."""
+
+    task: Literal["classification", "multilabel", "regression"] = Field(
+        "regression", description="What the head predicts (chooses its default loss and metrics)."
+    )
+    loss: str = Field("auto", description="The head's loss: auto (by task), a built-in name or an import string.")
+    weight: float = Field(1.0, ge=0.0, description="Fixed weight of this head's loss (weighting = fixed).")
+    size: int = Field(0, ge=0, description="Outputs of the head for built-in models; 0 = from the data.")
+
+    _loss = field_validator("loss")(lambda v: v if v == "auto" else LOSSES.check(v))
+
+
+class PenaltyConfig(Section):
+    fn: str = Field(..., description="Import string of a function (output, target) -> scalar tensor.")
+    weight: float = Field(1.0, ge=0.0, description="Its weight in the total loss.")
+
+    @field_validator("fn")
+    @classmethod
+    def _import_string(cls, v: str) -> str:
+        if not is_import_string(v):
+            raise ValueError(f"a penalty is an import string 'package.module:function', not {v!r}")
+        return v
+
+
+class MultitaskConfig(Section):
+    heads: dict[str, HeadConfig] = Field(
+        {}, description="Named heads; the model returns a dict with these keys, the target holds them too."
+    )
+    weighting: Literal["fixed", "uncertainty"] = Field(
+        "fixed",
+        description="fixed = each head's weight; uncertainty = learned per-head log-variances "
+        "(Kendall et al. 2018), optimised with the model.",
+    )
+    penalties: list[PenaltyConfig] = Field([], description="Extra terms added to the sum, with weights.")
+
+
 class TrainConfig(Section):
     steps: int = Field(200, ge=1, description="Optimizer steps.")
     batch_size: int = Field(32, ge=1, description="Samples per rank per micro-step.")
     grad_accum: int = Field(1, ge=1, description="Micro-steps accumulated per optimizer step.")
     clip_grad_norm: float = Field(0.0, ge=0.0, description="Clip global grad norm to this; 0 = off.")
     eval_every: int = Field(50, ge=0, description="Evaluate every N steps (and at the end); 0 = end only.")
+    eval_batch_size: int = Field(512, ge=1, description="Samples per evaluation batch.")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Autocast precision; fp16 uses a gradient scaler."
     )
+    task: Literal["auto", "classification", "multilabel", "regression", "ranking", "lm", "multitask"] = Field(
+        "auto", description="What is learned (chooses the default loss and the metrics); auto = from the data."
+    )
+    loss: str = Field(
+        "auto",
+        description="auto (the task's default), cross_entropy, bce, mse, huber, listnet, multitask, or an "
+        "import string: a function (output, target) -> loss, or an nn.Module class ([train.loss_kwargs]).",
+    )
+    loss_kwargs: dict[str, Any] = Field({}, description="Keyword arguments for an import-string loss.")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="cross_entropy: label smoothing.")
+    class_weights: list[float] = Field(
+        [], description="cross_entropy: per-class weights; bce: per-label positive weights; [] = none."
+    )
+    huber_delta: float = Field(1.0, gt=0.0, description="huber: where the loss turns from squared to linear.")
+    ndcg_k: int = Field(10, ge=1, description="ranking: NDCG is computed over the top k of each list.")
+    multitask: MultitaskConfig = Field(default_factory=MultitaskConfig)
+
+    _loss = field_validator("loss")(lambda v: v if v == "auto" else LOSSES.check(v))
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if (self.task == "multitask" or self.loss == "multitask") and not self.multitask.heads:
+            raise ValueError("a multitask loss needs heads: add [train.multitask.heads.<name>] tables")
+        return self
 
 
 class OptimConfig(Section):

@@ -1,28 +1,18 @@
-"""In-memory dataset splits and the spec that tells models what they will be fed."""
+"""``Split``: an in-memory split (tensors, or a token stream read as windows) fetched a batch at a time."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """What a model needs to know about its inputs and outputs."""
-
-    kind: Literal["classification", "lm"]
-    input_shape: tuple[int, ...]  # per sample: (features,) or (block_size,) for lm
-    num_classes: int  # classes, or vocabulary size for lm
-    image_shape: tuple[int, int, int] | None  # (C, H, W) when inputs can be viewed as images
+from vatra.data._base import BatchedDataset
 
 
-class Split:
+class Split(BatchedDataset):
     """One in-memory split: labelled samples, or a token stream read as sliding windows.
 
-    Classification: ``x`` is (N, *input_shape) float32 and ``y`` is (N,) int64.
+    Labelled: ``x`` is (N, *input_shape) float32 and ``y`` is (N, ...): int64 classes, or float
+    targets (regression, multilabel).
     Language modelling: ``x`` is the whole (T,) int64 token stream, ``y`` is None and sample
     ``i`` is the window starting at ``starts[i]`` (every start ``0 .. T - block_size - 1`` when
     ``starts`` is None, so each window has a next-token target for all its positions).
@@ -51,6 +41,12 @@ class Split:
     def is_lm(self) -> bool:
         return self.block_size is not None
 
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.y is not None:
+            return self.x[i], self.y[i]
+        x, y = self.get_batch(np.array([i]))
+        return x[0], y[0]
+
     def __len__(self) -> int:
         if self.block_size is None:
             return len(self.x)
@@ -60,10 +56,12 @@ class Split:
 
     @property
     def labels(self) -> np.ndarray | None:
-        """Labels as numpy, for partitioners; None for lm."""
-        return None if self.y is None else self.y.numpy()
+        """Class labels as numpy, for label-aware sharding; None for lm and non-class targets."""
+        if self.y is None or self.y.dim() != 1 or self.y.is_floating_point():
+            return None
+        return self.y.numpy()
 
-    def batch(self, idx: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, idx: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of samples ``idx``: (B, *input_shape), (B,); lm: (B, block), (B, block)."""
         idx_t = torch.as_tensor(idx, dtype=torch.int64)
         if self.y is not None:

@@ -1,8 +1,8 @@
-"""Built-in datasets (digits, synthetic, text) and the registry ``build_dataset`` reads."""
+"""Built-in datasets (digits, synthetic, text) and ``build_dataset``: a built-in name or a user factory."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,11 +10,12 @@ from sklearn.datasets import load_digits, make_classification
 from sklearn.model_selection import train_test_split
 
 from vatra.config import DataConfig
-from vatra.data._split import DatasetSpec, Split
+from vatra.data._base import DataContext, Datasets, DatasetSpec
+from vatra.data._split import Split
 from vatra.data._text import stdlib_corpus
+from vatra.data.infer import user_datasets
 from vatra.errors import ConfigError
-
-DatasetBuilder = Callable[[DataConfig, int], tuple[Split, Split, DatasetSpec]]
+from vatra.registry import DATASETS, call_with
 
 VOCAB_SIZE = 256  # byte-level: every byte value is a token
 _TEXT_TRAIN_SHARE = 0.9
@@ -34,16 +35,16 @@ def _to_split(x: np.ndarray, y: np.ndarray) -> Split:
     )
 
 
-def digits(cfg: DataConfig, seed: int) -> tuple[Split, Split, DatasetSpec]:
+def digits(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """sklearn's bundled 8x8 digits: 1797 samples, 64 pixels scaled to [0, 1], 10 classes."""
     bunch = load_digits()
     x = bunch.data.astype(np.float32) / 16.0  # pixel values are 0..16
-    x_tr, x_va, y_tr, y_va = _classification_splits(x, bunch.target, cfg, seed)
+    x_tr, x_va, y_tr, y_va = _classification_splits(x, bunch.target, cfg, ctx.seed)
     spec = DatasetSpec("classification", (64,), 10, (1, 8, 8))
-    return _to_split(x_tr, y_tr), _to_split(x_va, y_va), spec
+    return Datasets(_to_split(x_tr, y_tr), _to_split(x_va, y_va), spec)
 
 
-def synthetic(cfg: DataConfig, seed: int) -> tuple[Split, Split, DatasetSpec]:
+def synthetic(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """Gaussian clusters from make_classification, standardised with train statistics."""
     clusters_per_class = 2
     # make_classification places clusters on hypercube vertices: it needs 2**informative of them.
@@ -55,29 +56,28 @@ def synthetic(cfg: DataConfig, seed: int) -> tuple[Split, Split, DatasetSpec]:
         )
     x, y = make_classification(
         n_samples=cfg.samples,
-        n_features=cfg.features,
+        n_features=cfg.n_features,
         n_informative=cfg.informative,
         n_redundant=0,
         n_classes=cfg.classes,
         n_clusters_per_class=clusters_per_class,
         flip_y=cfg.noise,
         class_sep=1.0,
-        random_state=seed,
+        random_state=ctx.seed,
     )
-    x_tr, x_va, y_tr, y_va = _classification_splits(x, y, cfg, seed)
+    x_tr, x_va, y_tr, y_va = _classification_splits(x, y, cfg, ctx.seed)
     # Statistics from train only: the val split must not leak into preprocessing.
     mean, std = x_tr.mean(axis=0), x_tr.std(axis=0) + 1e-8
-    spec = DatasetSpec("classification", (cfg.features,), cfg.classes, None)
-    return _to_split((x_tr - mean) / std, y_tr), _to_split((x_va - mean) / std, y_va), spec
+    spec = DatasetSpec("classification", (cfg.n_features,), cfg.classes, None)
+    return Datasets(_to_split((x_tr - mean) / std, y_tr), _to_split((x_va - mean) / std, y_va), spec)
 
 
-def text(cfg: DataConfig, seed: int) -> tuple[Split, Split, DatasetSpec]:
+def text(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """Byte-level stdlib sources: first 90% train (every window), last 10% val (fixed windows).
 
-    ``seed`` is unused: the corpus and its split are the same for every seed, so runs differ
+    The seed is unused: the corpus and its split are the same for every seed, so runs differ
     only by model init and sampling order.
     """
-    del seed
     tokens = torch.from_numpy(stdlib_corpus(cfg.max_chars).astype(np.int64))  # (T,)
     cut = int(len(tokens) * _TEXT_TRAIN_SHARE)
     train_tokens, val_tokens = tokens[:cut], tokens[cut:]
@@ -92,18 +92,22 @@ def text(cfg: DataConfig, seed: int) -> tuple[Split, Split, DatasetSpec]:
     spec = DatasetSpec("lm", (cfg.block_size,), VOCAB_SIZE, None)
     train = Split(train_tokens, block_size=cfg.block_size)
     val = Split(val_tokens, block_size=cfg.block_size, starts=starts)
-    return train, val, spec
+    return Datasets(train, val, spec)
 
 
-DATASETS: dict[str, DatasetBuilder] = {"digits": digits, "synthetic": synthetic, "text": text}
+def build_dataset(cfg: DataConfig, ctx: DataContext | int, task: str = "auto") -> Datasets:
+    """(train, val, spec) for ``cfg.name``: a built-in source, or a user's factory by import string.
 
-
-def build_dataset(cfg: DataConfig, seed: int) -> tuple[Split, Split, DatasetSpec]:
-    """(train, val, spec) for ``cfg.name``; deterministic for a given (cfg, seed)."""
-    try:
-        builder = DATASETS[cfg.name]
-    except KeyError:
-        raise ConfigError(
-            f"data.name: unknown dataset {cfg.name!r}; choose one of: {', '.join(sorted(DATASETS))}"
-        ) from None
-    return builder(cfg, seed)
+    Built-ins are called as ``builder(cfg, ctx)``. A user factory is called with ``[data.kwargs]``
+    plus whichever of ``seed``, ``rank``, ``world_size`` and ``run_dir`` it declares, and returns
+    ``(train, val)`` or ``(train, val, spec)``; without a spec one is inferred from the first item.
+    Deterministic for a given (cfg, seed).
+    """
+    if isinstance(ctx, int):
+        ctx = DataContext(seed=ctx)
+    fn = DATASETS.load_callable(cfg.name)
+    if DATASETS.is_builtin(cfg.name):
+        out: Any = fn(cfg, ctx)
+        return out if isinstance(out, Datasets) else Datasets(*out)
+    optional = {"seed": ctx.seed, "rank": ctx.rank, "world_size": ctx.world_size, "run_dir": ctx.run_dir}
+    return user_datasets(call_with(fn, dict(cfg.kwargs), optional, "data.kwargs"), cfg.name, task)

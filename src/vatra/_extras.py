@@ -1,0 +1,23 @@
+"""Optional dependencies: import one lazily, or fail with one line naming the extra that brings it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from vatra.errors import ConfigError
+
+
+class MissingExtra(ConfigError):
+    """A feature the config or command asks for needs a package of an extra that is not installed."""
+
+
+def require(module: str, extra: str, feature: str) -> ModuleType:
+    """``import module``; if it is missing, :class:`MissingExtra` says which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        missing = getattr(err, "name", None) or module
+        raise MissingExtra(
+            f"{feature} needs the package {missing!r}, which is not installed: pip install 'vatra[{extra}]'"
+        ) from None
