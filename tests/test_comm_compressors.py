@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 
-from vatra.comm import Memory, MomentumMemory, NoMemory, build_compressor, compressor_names
+from vatra.comm import Memory, MomentumMemory, NoMemory, build_compressor
 from vatra.comm.onebit import pack_bits, unpack_bits
 from vatra.config import CommConfig
 from vatra.errors import ConfigError
+from vatra.registry import COMPRESSORS
 
 SHAPES = [(1,), (7,), (33, 5), (4, 3, 11)]
 
@@ -177,7 +178,7 @@ def test_memory_drops_residual_of_a_rebuilt_bucket() -> None:
 
 
 def test_registry_names_and_config_errors() -> None:
-    assert compressor_names() == ["bf16", "fp16", "none", "onebit", "qsgd", "randomk", "topk"]
+    assert COMPRESSORS.names() == ["bf16", "fp16", "none", "onebit", "powersgd", "qsgd", "randomk", "topk"]
     with pytest.raises(ConfigError, match="powersgd"):
         build_compressor(CommConfig(method="powersgd"))
     with pytest.raises(ValueError, match=r"comm\.topology"):

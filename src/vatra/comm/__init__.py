@@ -3,8 +3,7 @@
 The training plugin lives in ``vatra.comm.plugin`` (it imports the engine; the collectives do not).
 """
 
-from vatra.comm import bf16, fp16, none, onebit, qsgd, randomk, topk  # noqa: F401  (register compressors)
-from vatra.comm._base import Compressor, Ctx, Payload, build_compressor, compressor_names, register
+from vatra.comm._base import Compressor, Ctx, Payload, build_compressor
 from vatra.comm.batching import all_gather_coalesced, all_reduce_coalesced_, fuse_groups
 from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, compression_hook
@@ -32,10 +31,8 @@ __all__ = [
     "build_compressor",
     "build_topology",
     "compression_hook",
-    "compressor_names",
     "fuse_groups",
     "host_layout_from_env",
     "powersgd_hook",
-    "register",
     "ring_all_reduce_",
 ]

@@ -1,14 +1,14 @@
-"""The ``Compressor`` base class and the registry that maps ``comm.method`` names to compressors."""
+"""The ``Compressor`` base class, and ``build_compressor``: ``comm.method`` to a compressor."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 import torch
 
 from vatra.config._comm import CommConfig
-from vatra.errors import ConfigError
+from vatra.registry import COMPRESSORS
 
 Payload = list[torch.Tensor]  # what goes on the wire for one tensor; sizes depend only on its shape
 
@@ -36,9 +36,12 @@ class Compressor:
     and dtype, so a receiver can cut a fused byte buffer into another rank's payload using its own.
     Compressors hold no per-tensor state (error feedback lives in ``Memory``); ``compress`` may use
     the global torch RNG. Not thread-safe: one compressor per DDP hook.
+
+    A user's subclass named by import string (``comm.method = "pkg.mod:MyCompressor"``, or
+    ``federated.compression``) works like a built-in: it is built by :meth:`from_config` and gets
+    error-feedback memory unless it sets ``lossless`` or clears ``error_feedback``.
     """
 
-    name: ClassVar[str]
     summable: ClassVar[bool] = False  # payloads of different ranks may be added element-wise
     lossless: ClassVar[bool] = False  # decompress(compress(x)) == x: error feedback has nothing to carry
     # Error feedback needs a contractive compressor (‖x − C(x)‖ < ‖x‖). An unbiased quantiser with
@@ -68,28 +71,10 @@ def scatter_sparse(values: torch.Tensor, indices: torch.Tensor, ctx: Ctx) -> tor
     return out.view(ctx.shape)
 
 
-_REGISTRY: dict[str, type[Compressor]] = {}
-C = TypeVar("C", bound=type[Compressor])
-
-
-def register(cls: C) -> C:
-    """Class decorator: make a compressor available as ``comm.method = cls.name``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def compressor_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def build_compressor(cfg: CommConfig) -> Compressor:
-    try:
-        cls = _REGISTRY[cfg.method]
-    except KeyError:
-        raise ConfigError(
-            f"comm.method: {cfg.method!r} is not a per-tensor compressor; choose one of "
-            + ", ".join(compressor_names())
-        ) from None
+def build_compressor(cfg: CommConfig, key: str = "comm.method") -> Compressor:
+    """The compressor ``cfg.method`` names (a built-in or a user's subclass); ``key`` names the
+    config key in errors. powersgd is no per-tensor compressor: the comm plugin runs it itself."""
+    cls: type[Compressor] = COMPRESSORS.load_class(cfg.method, Compressor, key)
     return cls.from_config(cfg)
 
 

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import register
 from vatra.comm.fp16 import FP16
 
 
-@register
 class BF16(FP16):
-    name = "bf16"
     wire_dtype = torch.bfloat16

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload, register
+from vatra.comm._base import Compressor, Ctx, Payload
 
 
-@register
 class FP16(Compressor):
-    name = "fp16"
     summable = True
     wire_dtype = torch.float16
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload, register
+from vatra.comm._base import Compressor, Ctx, Payload
 
 
-@register
 class NoCompression(Compressor):
-    name = "none"
     summable = True
     lossless = True
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload, register
+from vatra.comm._base import Compressor, Ctx, Payload
 from vatra.config._comm import CommConfig
 
 _SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)  # bit 7 first
@@ -24,7 +24,6 @@ def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
     return bits.reshape(-1)[:n].bool()
 
 
-@register
 class OneBit(Compressor):
     """Sign bits and mean |x| as the magnitude: one scale per tensor (1-bit SGD, EF-SignSGD), or with
     ``scale = "row"`` one per row of a matrix (per output unit of a linear layer).
@@ -34,8 +33,6 @@ class OneBit(Compressor):
     as noise the optimizer sees); a per-row scale sends exactly 0 for that row, and rows with larger
     gradients get larger steps. Costs 4 bytes per row (1.6 % on top of the bits of a 2048-wide row).
     """
-
-    name = "onebit"
 
     def __init__(self, scale: str = "tensor") -> None:
         self.scale = scale

@@ -65,7 +65,12 @@ class CommPlugin(Plugin):
             compressor = build_compressor(self.cfg)
             use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
             memory = Memory() if use_memory else NoMemory()
-            if self.cfg.momentum_correction and use_memory:
+            if self.cfg.momentum_correction:
+                if not use_memory:  # built-ins are refused at load time; a user's class only now
+                    raise ConfigError(
+                        f"comm.momentum_correction: {self.cfg.method!r} takes no error feedback (the class "
+                        "is lossless or sets error_feedback = False); set comm.momentum_correction = false"
+                    )
                 memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
             self.state = HookState(
                 compressor=compressor,

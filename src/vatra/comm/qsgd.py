@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload, register
+from vatra.comm._base import Compressor, Ctx, Payload
 from vatra.config._comm import CommConfig
 
 
-@register
 class QSGD(Compressor):
-    name = "qsgd"
     error_feedback = False  # unbiased; ‖x − Q(x)‖ can exceed ‖x‖ (d/s² > 1), so a residual would diverge
 
     def __init__(self, levels: int = 16) -> None:

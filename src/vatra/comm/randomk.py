@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import SparseCompressor, register
+from vatra.comm._base import SparseCompressor
 
 
-@register
 class RandomK(SparseCompressor):
-    name = "randomk"
-
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         return torch.randperm(flat.numel(), device=flat.device)[:k]

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import SparseCompressor, register
+from vatra.comm._base import SparseCompressor
 
 
-@register
 class TopK(SparseCompressor):
-    name = "topk"
-
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         return flat.abs().topk(k, sorted=False).indices

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vatra.config._sections import Section
-
-CompressionMethod = Literal["none", "fp16", "bf16", "topk", "randomk", "onebit", "qsgd", "powersgd"]
+from vatra.registry import COMPRESSORS
 
 
 class CommConfig(Section):
-    method: CompressionMethod = Field(
+    method: str = Field(
         "none",
-        description="Gradient compressor; 'none' on the flat topology keeps DDP's built-in all-reduce.",
+        description="Gradient compressor: none, fp16, bf16, topk, randomk, onebit, qsgd, powersgd, or an "
+        "import string 'package.module:Class' naming a vatra.comm.Compressor subclass (built with its "
+        "from_config(comm section)); 'none' on the flat topology keeps DDP's built-in all-reduce.",
     )
     ratio: float = Field(0.01, gt=0.0, le=1.0, description="topk/randomk: share of elements sent per tensor.")
     onebit_scale: Literal["tensor", "row"] = Field(
@@ -51,6 +52,8 @@ class CommConfig(Section):
     bucket_mb: float = Field(
         4.0, gt=0.0, description="Small messages of vatra's own collectives are fused up to this size (MB)."
     )
+
+    _method = field_validator("method")(lambda v: COMPRESSORS.check(v))
 
     @model_validator(mode="after")
     def _check(self) -> CommConfig:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._sections import Section
+from vatra.registry import COMPRESSORS, IMPORT_FORM, SELECTORS, STRATEGIES
 
 SHIFTS = ("identity", "rot90", "rot180", "rot270", "invert", "low_contrast", "flip")
+
+
+def _per_tensor_compressor(value: str) -> str:
+    """``federated.compression``: a compressor that works tensor by tensor (not powersgd)."""
+    if value == "powersgd":
+        raise ValueError(
+            "powersgd is a DDP hook, not a per-tensor compressor; choose one of: "
+            + ", ".join(n for n in COMPRESSORS.names() if n != "powersgd")
+            + f", or {IMPORT_FORM}"
+        )
+    return COMPRESSORS.check(value)
 
 
 class PartitionConfig(Section):
@@ -37,13 +49,20 @@ class PartitionConfig(Section):
 
 
 class FederatedConfig(Section):
-    strategy: Literal["fedavg", "fedprox", "fedadam", "fedyogi", "clustered", "personalized"] = Field(
-        "fedavg", description="Aggregation strategy."
+    strategy: str = Field(
+        "fedavg",
+        description="Aggregation strategy: fedavg, fedprox, fedadam, fedyogi, clustered, personalized, or "
+        "an import string 'package.module:Class' naming a vatra.federated.Strategy subclass "
+        "(called as Class(federated section, parameter layout)).",
     )
     rounds: int = Field(20, ge=1, description="Federated rounds.")
     clients: int = Field(10, ge=1, description="Number of clients (data owners).")
     clients_per_round: int = Field(0, ge=0, description="Clients trained per round; 0 = all.")
-    selection: Literal["random", "adaptive", "all"] = Field("random", description="Client selector.")
+    selection: str = Field(
+        "random",
+        description="Client selector: random, adaptive, all, or an import string 'package.module:Class' "
+        "naming a vatra.federated.Selector subclass (called as Class(federated section, seed)).",
+    )
     local_steps: int = Field(10, ge=1, description="Local optimizer steps per client per round.")
     mu: float = Field(
         0.0, ge=0.0, description="Proximal weight μ (fedprox; also clustered: the hybrid clustered+proximal)."
@@ -64,8 +83,11 @@ class FederatedConfig(Section):
         0.0, ge=0.0, description="adaptive: round duration beyond which slow clients are penalised; 0 = auto."
     )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
-    compression: Literal["none", "fp16", "bf16", "topk", "randomk", "onebit", "qsgd"] = Field(
-        "none", description="Client update compression with a vatra.comm compressor ([comm] ratio, levels)."
+    compression: str = Field(
+        "none",
+        description="Client update compression with a vatra.comm compressor ([comm] ratio, levels): none, "
+        "fp16, bf16, topk, randomk, onebit, qsgd, or an import string 'package.module:Class' naming a "
+        "vatra.comm.Compressor subclass.",
     )
     workers: int = Field(2, ge=1, description="Simulation: client processes (a process pool).")
     step_time_s: float = Field(
@@ -85,6 +107,10 @@ class FederatedConfig(Section):
     heartbeat_misses: int = Field(5, ge=1, description="Deployment: missed heartbeats before a drop-out.")
     secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+
+    _strategy = field_validator("strategy")(lambda v: STRATEGIES.check(v))
+    _selection = field_validator("selection")(lambda v: SELECTORS.check(v))
+    _compression = field_validator("compression")(_per_tensor_compressor)
 
     @model_validator(mode="after")
     def _check(self) -> FederatedConfig:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from vatra.config._sections import Section
+from vatra.registry import DETECTORS, POLICIES
 
 
 class MonitorConfig(Section):
@@ -20,8 +21,11 @@ class MonitorConfig(Section):
     module_grad_norms: bool = Field(
         False, description="Also log the gradient norm of each top-level module (one extra pass per step)."
     )
-    detectors: list[Literal["zscore", "iforest", "autoencoder"]] = Field(
-        ["zscore", "iforest", "autoencoder"], description="Detectors the ensemble runs on rank 0."
+    detectors: list[Annotated[str, AfterValidator(DETECTORS.check)]] = Field(
+        ["zscore", "iforest", "autoencoder"],
+        description="Detectors the ensemble runs on rank 0: zscore, iforest, autoencoder, or import "
+        "strings 'package.module:Class' naming vatra.monitor.Detector subclasses (called as "
+        "Class(monitor section, n_features); named by their 'name' attribute, else by the string).",
     )
     vote: int = Field(
         2, ge=1, description="Detectors (of the fitted ones) that must agree before the ensemble alarms."
@@ -73,8 +77,11 @@ class MonitorConfig(Section):
 
 class HealConfig(Section):
     enabled: bool = Field(True, description="Act on anomalies (monitor.enabled must be true too).")
-    policies: list[Literal["skip_spike", "rollback", "straggler", "prefetch"]] = Field(
-        ["skip_spike", "rollback", "straggler", "prefetch"], description="Policies that may act."
+    policies: list[Annotated[str, AfterValidator(POLICIES.check)]] = Field(
+        ["skip_spike", "rollback", "straggler", "prefetch"],
+        description="Policies that may act: skip_spike, rollback, straggler, prefetch, or import strings "
+        "'package.module:Class' naming vatra.resilience.heal.Policy subclasses (called as Class(config); "
+        "named by their 'name' attribute, else by the string).",
     )
     lr_backoff: float = Field(0.5, gt=0.0, le=1.0, description="rollback: LR multiplier after each rollback.")
     divergence_steps: int = Field(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from vatra.config._sections import Section
+from vatra.registry import STORE_BACKENDS, is_import_string
 
 
 class CheckpointConfig(Section):
@@ -61,13 +62,44 @@ class ErasureConfig(Section):
 
 
 class StoreConfig(Section):
+    """Where checkpoints live. ``backend`` picks the :class:`~vatra.resilience.StoreBackend`: the
+    built-in fsspec or erasure backend, or a user's subclass named by import string, constructed as
+    ``Class(url, options)`` (``url`` is ``store.url``, or ``<run>/checkpoints`` when that is empty)."""
+
+    backend: str = Field(
+        "auto",
+        description="Store backend: auto (erasure when [store.erasure] is set, else fsspec), fsspec, "
+        "erasure, or an import string 'package.module:Class' naming a vatra.resilience.StoreBackend "
+        "subclass, constructed as Class(url, options) with store.url (or <run>/checkpoints) and "
+        "store.options.",
+    )
     url: str = Field(
         "",
         description="Store location: a directory or fsspec URL (s3://bucket/prefix); '' = <run>/checkpoints.",
     )
     options: dict[str, Any] = Field(
-        {}, description="Keyword options for the fsspec filesystem, e.g. {endpoint_url = 'http://…'} for S3."
+        {},
+        description="Keyword options for the fsspec filesystem, e.g. {endpoint_url = 'http://…'} for S3 "
+        "(passed as is to an import-string backend).",
     )
     erasure: ErasureConfig | None = Field(
         None, description="Erasure-code every object over several locations instead of using url."
     )
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        if value == "auto" or value in STORE_BACKENDS.builtins or is_import_string(value):
+            return value
+        raise ValueError(f"unknown store backend {value!r}; choose one of: auto, {STORE_BACKENDS.choices()}")
+
+    @model_validator(mode="after")
+    def _check(self) -> StoreConfig:
+        if self.backend == "erasure" and self.erasure is None:
+            raise ValueError("backend = 'erasure' needs a [store.erasure] section (k, m, nodes); add one")
+        if self.backend == "fsspec" and self.erasure is not None:
+            raise ValueError(
+                "[store.erasure] is read by the erasure backend only; set store.backend = 'auto' or "
+                "'erasure', or remove [store.erasure]"
+            )
+        return self

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from vatra.config import FederatedConfig
-from vatra.errors import ConfigError
 from vatra.federated._base import Failure, FitIns, FitRes, Selector, Strategy, UploadHook, weighted_mean
 from vatra.federated.adaptive import AdaptiveSelector
 from vatra.federated.clustered import Clustered
@@ -14,30 +13,22 @@ from vatra.federated.fedyogi import FedYogi
 from vatra.federated.params import ParamLayout
 from vatra.federated.personalized import Personalized
 from vatra.federated.selection import AllSelector, RandomSelector
-
-STRATEGIES: dict[str, type[Strategy]] = {
-    s.name: s for s in (FedAvg, FedProx, FedAdam, FedYogi, Clustered, Personalized)
-}
-SELECTORS: dict[str, type[Selector]] = {s.name: s for s in (AllSelector, RandomSelector, AdaptiveSelector)}
+from vatra.registry import SELECTORS, STRATEGIES
 
 
 def build_strategy(cfg: FederatedConfig, layout: ParamLayout) -> Strategy:
-    if cfg.strategy not in STRATEGIES:
-        raise ConfigError(f"federated.strategy: unknown {cfg.strategy!r}; choose one of {sorted(STRATEGIES)}")
-    return STRATEGIES[cfg.strategy](cfg, layout)
+    """The strategy ``federated.strategy`` names: a built-in or a user's :class:`Strategy` subclass."""
+    cls: type[Strategy] = STRATEGIES.load_class(cfg.strategy, Strategy)
+    return cls(cfg, layout)
 
 
 def build_selector(cfg: FederatedConfig, seed: int) -> Selector:
-    if cfg.selection not in SELECTORS:
-        raise ConfigError(
-            f"federated.selection: unknown {cfg.selection!r}; choose one of {sorted(SELECTORS)}"
-        )
-    return SELECTORS[cfg.selection](cfg, seed)
+    """The selector ``federated.selection`` names: a built-in or a user's :class:`Selector` subclass."""
+    cls: type[Selector] = SELECTORS.load_class(cfg.selection, Selector)
+    return cls(cfg, seed)
 
 
 __all__ = [
-    "SELECTORS",
-    "STRATEGIES",
     "AdaptiveSelector",
     "AllSelector",
     "Clustered",

@@ -82,6 +82,9 @@ class Strategy:
     Call order: ``initialize`` once (fresh start) or ``load_state`` (resume); then per round
     ``configure_round`` → ``aggregate`` → ``evaluate``; ``state`` after each round for the
     checkpoint. ``aggregate`` returns the new global vector (or None when nothing changed).
+
+    A user's subclass named by import string (``federated.strategy = "pkg.mod:MyStrategy"``) works
+    like a built-in: the server calls it as ``MyStrategy(federated_config, layout)``.
     """
 
     name = "base"
@@ -127,6 +130,8 @@ class Selector:
     """Base of client selection: ``select`` before a round, ``observe`` after it.
 
     Deterministic for a seed: randomness comes from ``numpy.random.default_rng([seed, round])``.
+    A user's subclass named by import string (``federated.selection = "pkg.mod:MySelector"``) works
+    like a built-in: the server calls it as ``MySelector(federated_config, seed)``.
     """
 
     name = "base"

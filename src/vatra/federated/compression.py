@@ -1,8 +1,9 @@
 """Optional update compression on the upload path, reusing ``vatra.comm`` compressors.
 
-``federated.compression = "topk"`` (or fp16, bf16, randomk, onebit, qsgd) compresses each
-parameter tensor of a client's update with the compressor ``vatra.comm`` uses for gradients,
-configured by the ``[comm]`` section (``ratio``, ``levels``, ``min_numel``: smaller tensors travel
+``federated.compression = "topk"`` (or fp16, bf16, randomk, onebit, qsgd, or a user's
+``vatra.comm.Compressor`` subclass as ``"package.module:Class"``) compresses each parameter tensor
+of a client's update with the compressor ``vatra.comm`` uses for gradients, configured by the
+``[comm]`` section (``ratio``, ``levels``, ``min_numel``: smaller tensors travel
 uncompressed). The payload travels instead of the dense update and the server rebuilds the update
 before the shape/NaN checks and aggregation. No error feedback: clients would have to keep a
 residual across rounds, and in simulation a client's rounds run in different worker processes.
@@ -16,7 +17,6 @@ import torch
 from vatra.comm import build_compressor
 from vatra.comm._base import Compressor, Ctx
 from vatra.config import Config
-from vatra.errors import ConfigError
 from vatra.federated._base import FitIns, FitRes, UploadHook
 from vatra.federated.params import ParamLayout
 from vatra.federated.wire import WireError
@@ -28,8 +28,8 @@ class CompressedUpload(UploadHook):
     name = "compressed"
 
     def __init__(self, cfg: Config, layout: ParamLayout) -> None:
-        method = cfg.federated.compression
-        self.compressor: Compressor = build_compressor(cfg.comm.model_copy(update={"method": method}))
+        comm = cfg.comm.model_copy(update={"method": cfg.federated.compression})
+        self.compressor: Compressor = build_compressor(comm, "federated.compression")
         self.min_numel = cfg.comm.min_numel
         self.layout = layout
 
@@ -94,6 +94,4 @@ def build_upload_hook(cfg: Config, layout: ParamLayout) -> UploadHook:
     """The upload path the config asks for: identity, or compression with a ``vatra.comm`` compressor."""
     if cfg.federated.compression == "none":
         return UploadHook()
-    if cfg.federated.compression == "powersgd":
-        raise ConfigError("federated.compression: powersgd is a DDP hook, not a per-tensor compressor")
     return CompressedUpload(cfg, layout)

@@ -1,6 +1,6 @@
 """Monitoring: metric collection, anomaly detectors, exporters, fault injection, the run report."""
 
-from vatra.monitor._base import DETECTORS, Detector, build_detector, register
+from vatra.monitor._base import Detector, build_detector
 from vatra.monitor.autoencoder import AutoencoderDetector
 from vatra.monitor.chaos import TrainingFaults
 from vatra.monitor.ensemble import FEATURES, Alarm, Ensemble
@@ -12,7 +12,6 @@ from vatra.monitor.writers import JsonlWriter, TensorBoardWriter
 from vatra.monitor.zscore import RobustZ, ZScoreDetector
 
 __all__ = [
-    "DETECTORS",
     "FEATURES",
     "Alarm",
     "AutoencoderDetector",
@@ -30,5 +29,4 @@ __all__ = [
     "Verdict",
     "ZScoreDetector",
     "build_detector",
-    "register",
 ]

@@ -1,30 +1,28 @@
-"""``Detector``: the base class of online anomaly detectors, and their registry by name."""
+"""``Detector``: the base class of online anomaly detectors, and ``build_detector`` by name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
 
 from vatra.config._monitor import MonitorConfig
-
-DETECTORS: dict[str, type[Detector]] = {}
-
-
-def register(name: str) -> Callable[[type[Detector]], type[Detector]]:
-    def deco(cls: type[Detector]) -> type[Detector]:
-        cls.name = name
-        DETECTORS[name] = cls
-        return cls
-
-    return deco
+from vatra.registry import DETECTORS
 
 
-def build_detector(name: str, cfg: MonitorConfig, n_features: int) -> Detector:
-    if name not in DETECTORS:
-        raise KeyError(f"unknown detector {name!r}; known: {', '.join(sorted(DETECTORS))}")
-    return DETECTORS[name](cfg, n_features)
+def build_detector(
+    value: str, cfg: MonitorConfig, n_features: int, key: str = "monitor.detectors"
+) -> Detector:
+    """The detector ``value`` names (a built-in or a user's subclass) as ``cls(cfg, n_features)``.
+
+    A class that sets no ``name`` in its body is named by ``value``, the import string: the
+    ensemble's scores, alarms and the run's logs show detectors by name.
+    """
+    cls: type[Detector] = DETECTORS.load_class(value, Detector, key)
+    detector = cls(cfg, n_features)
+    if not vars(cls).get("name"):
+        detector.name = value
+    return detector
 
 
 def calibrated_threshold(scores: np.ndarray, quantile: float, margin: float) -> float:
@@ -41,9 +39,13 @@ class Detector:
     anomaly never becomes part of the model of normal. ``ready`` is False until the detector has
     seen enough clean steps; a detector that is not ready never alarms. Learned detectors fit in a
     background thread and swap the new model in when it is done (refits stay off the step's path).
+
+    A user's subclass named by import string (``monitor.detectors = ["pkg.mod:MyDetector"]``) works
+    like a built-in: the ensemble builds it as ``MyDetector(monitor_config, n_features)`` and runs
+    it in the same order, named by its ``name`` or else by the import string.
     """
 
-    name: ClassVar[str] = ""
+    name: str = ""  # set in each class body; the ensemble's scores and alarms are keyed by it
     # True when ``learn`` leaves ``score`` unchanged until the next ``ready`` check (a fitted model
     # swapped in between windows): the ensemble may then score a whole window in one call.
     window_scoring: ClassVar[bool] = False

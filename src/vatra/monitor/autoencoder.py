@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from vatra.monitor._base import register
 from vatra.monitor._learned import LearnedDetector
 
 
@@ -42,7 +41,6 @@ class FittedAutoencoder:
         return ((h - z) ** 2).mean(axis=1)
 
 
-@register("autoencoder")
 class AutoencoderDetector(LearnedDetector):
     """F → 16 → 2 → 16 → F with tanh, trained full-batch with Adam on standardised clean rows.
 
@@ -50,6 +48,7 @@ class AutoencoderDetector(LearnedDetector):
     breaks that pattern, or leaves the range seen in training, reconstructs badly.
     """
 
+    name = "autoencoder"
     epochs = 150
     cost = 2  # four small matrix products
     hidden = 16

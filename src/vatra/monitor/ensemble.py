@@ -9,9 +9,6 @@ from typing import Any
 import numpy as np
 
 from vatra.config._monitor import MonitorConfig
-
-# Importing the modules registers the detectors by name.
-from vatra.monitor import autoencoder, iforest, zscore  # noqa: F401
 from vatra.monitor._base import Detector, build_detector
 from vatra.monitor._fitproc import build_fitter
 from vatra.monitor._learned import LearnedDetector
@@ -80,7 +77,10 @@ class Ensemble:
     def __init__(self, cfg: MonitorConfig, seed: int = 0) -> None:
         self.cfg = cfg
         self.builder = FeatureBuilder(cfg.ewma_alpha)
-        self.detectors: list[Detector] = [build_detector(n, cfg, len(FEATURES)) for n in cfg.detectors]
+        self.detectors: list[Detector] = [
+            build_detector(value, cfg, len(FEATURES), f"monitor.detectors[{i}]")
+            for i, value in enumerate(cfg.detectors)
+        ]
         self.fitter = build_fitter(cfg.fit_in)  # one helper process for all learned detectors
         for d in self.detectors:
             if isinstance(d, LearnedDetector):

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.ensemble import IsolationForest
 
-from vatra.monitor._base import register
 from vatra.monitor._learned import LearnedDetector
 
 EULER_GAMMA = 0.5772156649015329
@@ -117,10 +116,10 @@ class BoxedForest:
         return np.where(outside, 1.0, self.forest.score(x))
 
 
-@register("iforest")
 class IsolationForestDetector(LearnedDetector):
     """scikit-learn's IsolationForest on the clean rows; score = 2^(−mean path length / c(ψ))."""
 
+    name = "iforest"
     n_estimators = 100
     cost = 3  # a walk of 100 trees
     box_margin = 2.0

@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from vatra.monitor._base import Detector, register
+from vatra.monitor._base import Detector
 
 
 class RobustZ:
@@ -108,7 +108,6 @@ class RobustZ:
             self._scale = None  # still filling: keep the scale exact
 
 
-@register("zscore")
 class ZScoreDetector(Detector):
     """The largest upward robust z among the features (the ensemble's features already are robust
     z values over EWMA/MAD baselines, see :class:`~vatra.monitor.ensemble.FeatureBuilder`).
@@ -116,6 +115,7 @@ class ZScoreDetector(Detector):
     Stateless beyond those baselines, so it is ready as soon as the warm-up is over.
     """
 
+    name = "zscore"
     window_scoring = True  # stateless: a row's score does not depend on the rows before it
     cost = 0
 

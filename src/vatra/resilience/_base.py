@@ -1,11 +1,14 @@
-"""``StoreBackend``: where checkpoint bytes live (a directory, S3, erasure-coded shards), by name."""
+"""``StoreBackend``: where checkpoint bytes live (a directory, S3, erasure-coded shards)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any
 
 from vatra.errors import VatraError
+
+if TYPE_CHECKING:
+    from vatra.config import StoreConfig
 
 
 class StoreError(VatraError):
@@ -15,20 +18,26 @@ class StoreError(VatraError):
 class StoreBackend:
     """Flat key → bytes storage with ``/``-separated keys.
 
-    Call order: any mix of ``put``/``get``/``exists``/``delete``/``list``. ``put`` must be atomic for
-    readers (a reader sees the old bytes, the new bytes, or no key — never a partial write) where the
-    medium allows; the store above checks sha256 checksums on every read anyway, so a torn write is
-    detected, not trusted. Backends are used from the training thread and one background upload
-    thread, never concurrently on the same key.
+    Call order: :meth:`from_config` once (``open_store``), then any mix of
+    ``put``/``get``/``exists``/``delete``/``keys``. ``put`` must be atomic for readers (a reader sees
+    the old bytes, the new bytes, or no key — never a partial write) where the medium allows; the
+    store above checks sha256 checksums on every read anyway, so a torn write is detected, not
+    trusted. Backends are used from the training thread and one background upload thread, never
+    concurrently on the same key.
+
+    A user's subclass named by import string (``store.backend = "pkg.mod:MyBackend"``) works like a
+    built-in: ``open_store`` constructs it as ``MyBackend(url, options)`` — ``store.url`` (or the
+    run's ``checkpoints/`` folder when that is empty) and ``store.options`` — unless it overrides
+    :meth:`from_config`.
     """
 
-    registry: ClassVar[dict[str, type[StoreBackend]]] = {}
-    name: ClassVar[str] = ""
+    def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
+        """The constructor :meth:`from_config` calls; subclasses define it (the base holds nothing)."""
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.name:
-            StoreBackend.registry[cls.name] = cls
+    @classmethod
+    def from_config(cls, cfg: StoreConfig, url: str) -> StoreBackend:
+        """The backend for a ``store`` section; ``url`` is ``store.url`` or the default folder."""
+        return cls(url, cfg.options)
 
     def put(self, key: str, data: bytes) -> None:
         raise NotImplementedError
@@ -57,4 +66,5 @@ class StoreBackend:
         return []
 
     def describe(self) -> str:
-        return self.name
+        """Where the bytes live, for messages (default: the class as an import string)."""
+        return f"{type(self).__module__}:{type(self).__qualname__}"

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zfec
 
+from vatra.errors import ConfigError
 from vatra.resilience._base import StoreBackend, StoreError
 from vatra.resilience.fsspec_backend import FsspecBackend
+
+if TYPE_CHECKING:
+    from vatra.config import StoreConfig
 
 _HEADER = struct.Struct(">4sBBBQ32s")
 _MAGIC = b"VSHD"
@@ -56,15 +60,25 @@ def decode(shards: dict[int, bytes], k: int, m: int, size: int) -> bytes:
 
 
 class ErasureBackend(StoreBackend):
-    """k-of-m erasure coding over m :class:`FsspecBackend` locations (directories or URLs)."""
+    """k-of-m erasure coding over m :class:`FsspecBackend` locations (directories or URLs).
 
-    name = "erasure"
+    Built from ``[store.erasure]`` (k, m, nodes) and ``store.options``; ``store.url`` is not used.
+    """
 
     def __init__(self, k: int, m: int, nodes: list[str], options: dict[str, Any] | None = None) -> None:
         if not 1 <= k < m or len(nodes) != m:
             raise StoreError(f"erasure: need 1 ≤ k < m and m nodes (k={k}, m={m}, {len(nodes)} nodes)")
         self.k, self.m = k, m
         self.nodes = [FsspecBackend(n, options) for n in nodes]
+
+    @classmethod
+    def from_config(cls, cfg: StoreConfig, url: str) -> StoreBackend:
+        if cfg.erasure is None:
+            raise ConfigError(
+                "store.backend: the erasure backend needs a [store.erasure] section (k, m, nodes)"
+            )
+        e = cfg.erasure
+        return cls(e.k, e.m, e.nodes, cfg.options)
 
     def put(self, key: str, data: bytes) -> None:
         failed = []

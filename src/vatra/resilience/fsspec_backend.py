@@ -15,8 +15,6 @@ from vatra.resilience._base import StoreBackend, StoreError
 class FsspecBackend(StoreBackend):
     """Keys are paths under ``url``. Local writes go to a temporary name and are renamed into place."""
 
-    name = "fsspec"
-
     def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         try:

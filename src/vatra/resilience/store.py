@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vatra.registry import STORE_BACKENDS
 from vatra.resilience._base import StoreBackend, StoreError
 
 if TYPE_CHECKING:
@@ -250,14 +251,13 @@ class CheckpointStore:
 
 
 def open_store(cfg: StoreConfig, default_dir: Path) -> CheckpointStore:
-    """The store a ``store`` config section describes (``default_dir`` when ``url`` is empty)."""
-    from vatra.resilience.erasure import ErasureBackend
-    from vatra.resilience.fsspec_backend import FsspecBackend
+    """The store a ``store`` config section describes (``default_dir`` when ``url`` is empty).
 
-    backend: StoreBackend
-    if cfg.erasure is not None:
-        e = cfg.erasure
-        backend = ErasureBackend(e.k, e.m, e.nodes, cfg.options)
-    else:
-        backend = FsspecBackend(cfg.url or str(default_dir.resolve()), cfg.options)
-    return CheckpointStore(backend)
+    ``store.backend = "auto"`` is the erasure backend when ``[store.erasure]`` is set, else fsspec;
+    any backend, built-in or a user's import string, is built by its ``from_config``.
+    """
+    name = cfg.backend
+    if name == "auto":
+        name = "erasure" if cfg.erasure is not None else "fsspec"
+    cls: type[StoreBackend] = STORE_BACKENDS.load_class(name, StoreBackend, "store.backend")
+    return CheckpointStore(cls.from_config(cfg, cfg.url or str(default_dir.resolve())))

@@ -1,27 +1,29 @@
-"""``Policy``: the base class of self-healing policies, the ``Action`` they take, and the registry."""
+"""``Policy``: the base class of self-healing policies, the ``Action`` they take, and ``build_policy``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from vatra.config import Config
+from vatra.registry import POLICIES
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
     from vatra.monitor.plugin import Verdict
 
-POLICIES: dict[str, type[Policy]] = {}
 
+def build_policy(value: str, cfg: Config, key: str = "heal.policies") -> Policy:
+    """The policy ``value`` names (a built-in or a user's subclass) as ``cls(cfg)``.
 
-def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
-    def deco(cls: type[Policy]) -> type[Policy]:
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-
-    return deco
+    A class that sets no ``name`` in its body is named by ``value``, the import string: actions
+    and the run's events show policies by name.
+    """
+    cls: type[Policy] = POLICIES.load_class(value, Policy, key)
+    policy = cls(cfg)
+    if not vars(cls).get("name"):
+        policy.name = value
+    return policy
 
 
 @dataclass
@@ -43,9 +45,13 @@ class Policy:
     where one was made, else None; the verdict is broadcast from rank 0). A decision is returned
     as an :class:`Action`; the healer checks the action cap, then calls ``apply``. Because every
     input is identical across ranks, every rank takes the same decision without a collective.
+
+    A user's subclass named by import string (``heal.policies = ["pkg.mod:MyPolicy"]``) works like
+    a built-in: the healer builds it as ``MyPolicy(config)`` and calls it in the same order, named
+    by its ``name`` or else by the import string.
     """
 
-    name: ClassVar[str] = ""
+    name: str = ""  # set in each class body; actions and events name the policy by it
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg.heal

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from vatra.config import Config
 from vatra.engine import Plugin, overrides
-from vatra.resilience.heal._base import POLICIES, Action, Policy
+from vatra.resilience.heal._base import Action, Policy, build_policy
 from vatra.resilience.heal.cap import ActionCap
 
 if TYPE_CHECKING:
@@ -25,7 +25,9 @@ class Healer(Plugin):
     """
 
     def __init__(self, cfg: Config) -> None:
-        self.policies: list[Policy] = [POLICIES[name](cfg) for name in cfg.heal.policies]
+        self.policies: list[Policy] = [
+            build_policy(value, cfg, f"heal.policies[{i}]") for i, value in enumerate(cfg.heal.policies)
+        ]
         # Per hook, the policies that implement it (in order): these run on every step.
         self.deciding_after_backward = [p for p in self.policies if overrides(p, Policy, "after_backward")]
         self.deciding_on_step_end = [p for p in self.policies if overrides(p, Policy, "on_step_end")]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from vatra.config import Config
 from vatra.monitor.zscore import RobustZ
-from vatra.resilience.heal._base import Action, Policy, register
+from vatra.resilience.heal._base import Action, Policy
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 NO_LIMIT = sys.float_info.max  # every finite norm passes; NaN and Inf do not (`<=` is False for them)
 
 
-@register("skip_spike")
 class SkipSpike(Policy):
     """Drops the update when the global gradient norm is NaN/Inf or its robust z exceeds the bound.
 
@@ -32,6 +31,7 @@ class SkipSpike(Policy):
     policy escalates repeated skips).
     """
 
+    name = "skip_spike"
     BATCH = 16
 
     def __init__(self, cfg: Config) -> None:

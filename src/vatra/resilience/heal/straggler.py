@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vatra.config import Config
-from vatra.resilience.heal._base import Action, Policy, register
+from vatra.resilience.heal._base import Action, Policy
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
     from vatra.monitor.plugin import Verdict
 
 
-@register("straggler")
 class Straggler(Policy):
     """Logs the slow rank once when it starts to straggle and once when it recovers.
 
@@ -21,6 +20,8 @@ class Straggler(Policy):
     when it is the slow one in two windows in a row: one slow window is what start-up (allocator,
     DDP's bucket rebuild) or a descheduled process on a busy machine looks like.
     """
+
+    name = "straggler"
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
