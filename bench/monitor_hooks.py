@@ -26,10 +26,10 @@ import torch
 
 from _common import print_table, write_result
 from monitor_overhead import BASE
+from vatra.api import build_plugins
 from vatra.config import load_config
 from vatra.engine import Plugin, Trainer, overrides
 from vatra.rundir import RunDir
-from vatra.worker import build_plugins
 
 CONFIGS = {"none": ["monitor.enabled=false", "heal.enabled=false"], "full": ["monitor.prometheus_port=0"]}
 

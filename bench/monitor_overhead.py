@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 
 from _common import write_result
+from vatra.api import build_plugins
 from vatra.config import load_config
 from vatra.engine import Trainer
 from vatra.rundir import RunDir
-from vatra.worker import build_plugins
 
 BASE = ["run.progress=off", "run.tensorboard=false", "checkpoint.enabled=false", "monitor.report=false"]
 BASE += ["dist.nproc=1", "train.eval_every=0"]

@@ -37,7 +37,11 @@ def test_overrides_apply_over_file(tmp_path: Path) -> None:
         ("data.foo=1", "data.foo: unknown key; allowed keys here:"),
         ("nosuch.key=1", "nosuch: unknown key; allowed keys here: "),
         ("train.steps=abc", "train.steps: Input should be a valid integer"),
-        ("data.name=imagenet", "data.name: Input should be 'digits', 'synthetic' or 'text'"),
+        (
+            "data.name=imagenet",
+            "data.name: unknown dataset 'imagenet'; choose one of: digits, images, npz, synthetic, table, "
+            "text, or an import string",
+        ),
         ("data.sharding=bogus", "data.sharding: Input should be 'random'"),
         ("train.steps=0", "train.steps: Input should be greater than or equal to 1"),
         ("trainsteps", "expected section.key=value"),

@@ -7,19 +7,20 @@ import pytest
 import torch
 
 from vatra.config import DataConfig
-from vatra.data import DATASETS, PARTITIONERS, ShardSampler, build_dataset, partition
+from vatra.data import PARTITIONERS, ShardSampler, build_dataset, partition
 from vatra.errors import ConfigError
+from vatra.registry import DATASETS
 
 SMALL = {
     "digits": DataConfig(name="digits"),
-    "synthetic": DataConfig(name="synthetic", samples=600, features=12, informative=6, classes=4),
+    "synthetic": DataConfig(name="synthetic", samples=600, n_features=12, informative=6, classes=4),
     "text": DataConfig(name="text", max_chars=50_000, block_size=16, val_windows=20),
 }
 
 
 @pytest.fixture(scope="module")
 def digit_labels() -> np.ndarray:
-    train, _, _ = build_dataset(DataConfig(name="digits"), seed=0)
+    train, _, _ = build_dataset(DataConfig(name="digits"), 0)
     labels = train.labels
     assert labels is not None
     return labels
@@ -29,14 +30,14 @@ def digit_labels() -> np.ndarray:
 
 
 def test_registry_lists_every_dataset() -> None:
-    assert set(DATASETS) == {"digits", "synthetic", "text"}
+    assert {"digits", "synthetic", "text"} <= set(DATASETS.names())
 
 
 @pytest.mark.parametrize("name", ["digits", "synthetic"])
 def test_classification_shapes_and_split_sizes(name: str) -> None:
     cfg = SMALL[name]
 
-    train, val, spec = build_dataset(cfg, seed=0)
+    train, val, spec = build_dataset(cfg, 0)
 
     assert spec.kind == "classification"
     n_total = len(train) + len(val)
@@ -44,19 +45,19 @@ def test_classification_shapes_and_split_sizes(name: str) -> None:
     assert train.x.dtype == torch.float32 and train.x.shape[1:] == spec.input_shape
     assert train.y is not None and train.y.dtype == torch.int64
     assert set(np.unique(train.labels)) == set(range(spec.num_classes))
-    x, y = train.batch(np.array([0, 3, 5]))
+    x, y = train.get_batch(np.array([0, 3, 5]))
     assert x.shape == (3, *spec.input_shape) and y.shape == (3,)
 
 
 def test_digits_are_scaled_images() -> None:
-    train, _, spec = build_dataset(SMALL["digits"], seed=0)
+    train, _, spec = build_dataset(SMALL["digits"], 0)
 
     assert spec.input_shape == (64,) and spec.image_shape == (1, 8, 8) and spec.num_classes == 10
     assert float(train.x.min()) >= 0.0 and float(train.x.max()) <= 1.0
 
 
 def test_synthetic_is_standardised_with_train_statistics() -> None:
-    train, _, spec = build_dataset(SMALL["synthetic"], seed=0)
+    train, _, spec = build_dataset(SMALL["synthetic"], 0)
 
     assert spec.image_shape is None
     torch.testing.assert_close(train.x.mean(0), torch.zeros(12), atol=1e-4, rtol=0)
@@ -66,7 +67,7 @@ def test_synthetic_is_standardised_with_train_statistics() -> None:
 def test_text_windows_are_shifted_by_one() -> None:
     cfg = SMALL["text"]
 
-    train, val, spec = build_dataset(cfg, seed=0)
+    train, val, spec = build_dataset(cfg, 0)
 
     assert spec == type(spec)("lm", (16,), 256, None)
     assert train.labels is None and train.x.dtype == torch.int64
@@ -74,14 +75,14 @@ def test_text_windows_are_shifted_by_one() -> None:
     assert train.x.numel() == int(0.9 * cfg.max_chars)  # first 90% train, rest val
     assert len(train) == train.x.numel() - cfg.block_size
     assert len(val) == cfg.val_windows
-    inputs, targets = train.batch(torch.tensor([0, len(train) - 1]))
+    inputs, targets = train.get_batch(torch.tensor([0, len(train) - 1]))
     assert inputs.shape == targets.shape == (2, 16)
     torch.testing.assert_close(inputs[:, 1:], targets[:, :-1])
     assert targets[1, -1] == train.x[-1]  # the last start reaches the end of the stream exactly
 
 
 def test_text_validation_windows_cover_the_val_stream() -> None:
-    _, val, _ = build_dataset(SMALL["text"], seed=0)
+    _, val, _ = build_dataset(SMALL["text"], 0)
 
     assert val.starts is not None
     assert int(val.starts[0]) == 0 and int(val.starts[-1]) == val.x.numel() - 16 - 1
@@ -90,8 +91,8 @@ def test_text_validation_windows_cover_the_val_stream() -> None:
 
 @pytest.mark.parametrize("name", ["digits", "synthetic", "text"])
 def test_datasets_are_deterministic(name: str) -> None:
-    a_train, a_val, a_spec = build_dataset(SMALL[name], seed=3)
-    b_train, b_val, b_spec = build_dataset(SMALL[name], seed=3)
+    a_train, a_val, a_spec = build_dataset(SMALL[name], 3)
+    b_train, b_val, b_spec = build_dataset(SMALL[name], 3)
 
     assert a_spec == b_spec
     for a, b in ((a_train, b_train), (a_val, b_val)):
@@ -102,8 +103,8 @@ def test_datasets_are_deterministic(name: str) -> None:
 def test_unknown_dataset_is_a_config_error() -> None:
     cfg = DataConfig.model_construct(name="imagenet")
 
-    with pytest.raises(ConfigError, match="unknown dataset 'imagenet'; choose one of: digits, synthetic"):
-        build_dataset(cfg, seed=0)
+    with pytest.raises(ConfigError, match="unknown dataset 'imagenet'; choose one of: digits, images"):
+        build_dataset(cfg, 0)
 
 
 # --- partitioners ---------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def test_label_skew_that_would_drop_classes_is_a_config_error(digit_labels: np.n
 
 
 def test_text_with_stratified_sharding_is_a_clear_config_error() -> None:
-    train, _, _ = build_dataset(SMALL["text"], seed=0)
+    train, _, _ = build_dataset(SMALL["text"], 0)
 
     with pytest.raises(ConfigError, match=r"'stratified' needs a labelled dataset.*use random or contiguous"):
         partition(len(train), train.labels, 2, "stratified", seed=0)

@@ -22,7 +22,7 @@ def make_trainer(indices: np.ndarray, batch_size: int, ctx: DistContext | None) 
     seed_everything(cfg.run.seed)
     model = build_model(cfg.model, base.spec)
     sampler = ShardSampler(indices, batch_size, seed=0, shuffle=False)
-    return Trainer(cfg, model, base.train_split, None, base.spec, sampler, dist=ctx)
+    return Trainer(cfg, model, base.train_data, None, base.spec, sampler, dist=ctx)
 
 
 def rank_indices(rank: int) -> np.ndarray:

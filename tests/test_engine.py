@@ -27,7 +27,7 @@ def fixed_trainer(indices: np.ndarray, batch_size: int, **sections: Any) -> Trai
     sampler = ShardSampler(indices, batch_size, seed=0, shuffle=False)
     seed_everything(cfg.run.seed)
     model = build_model(cfg.model, base.spec)
-    return Trainer(cfg, model, base.train_split, base.val_split, base.spec, sampler)
+    return Trainer(cfg, model, base.train_data, base.val_data, base.spec, sampler)
 
 
 def test_local_step_runs_without_process_group() -> None:

@@ -28,7 +28,8 @@ from vatra.federated import (
 from vatra.federated.client import LocalClient, ProximalTerm, client_seed
 from vatra.federated.data import build_federation, client_shards
 from vatra.federated.wire import WireError, check_update, decode_res, encode_res
-from vatra.models import build_model, loss_fn
+from vatra.losses import CrossEntropy
+from vatra.models import build_model
 
 
 def _fed_config(**federated: object):
@@ -54,8 +55,8 @@ def test_fedavg_one_client_one_step_equals_centralized_sgd() -> None:
     batch = ShardSampler(
         fed.shards[0], cfg.train.batch_size, seed=client_seed(cfg.run.seed, 1, 0)
     ).next_batch()
-    x, y = fed.train.batch(batch)
-    loss_fn(model(x), y).backward()
+    x, y = fed.train.get_batch(batch)
+    CrossEntropy()(model(x), y).backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= cfg.optim.lr * p.grad
@@ -116,6 +117,7 @@ def test_proximal_term_is_the_gradient_of_mu_half_squared_distance() -> None:
     anchor = [p.detach().clone() + 0.1 * torch.randn_like(p) for p in model.parameters()]
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     mu = 0.3
+    loss_fn = CrossEntropy()
     loss_fn(model(x), y).backward()
     ProximalTerm(mu, anchor).after_backward(SimpleNamespace(model=model))  # type: ignore[arg-type]
     with_plugin = [p.grad.clone() for p in model.parameters()]

@@ -14,7 +14,7 @@ from tests.conftest import small_config
 from vatra.engine import Trainer
 from vatra.errors import VatraError
 from vatra.monitor import JsonlWriter, Monitor, TrainingFaults
-from vatra.resilience.heal import ActionCap, Healer, HealingFailed, Prefetcher
+from vatra.resilience.heal import ActionCap, Healer, HealingFailed
 from vatra.rundir import RunDir, read_jsonl
 
 
@@ -66,31 +66,32 @@ def test_high_data_wait_raises_prefetch_and_keeps_the_batch_order(tmp_path: Path
     torch.set_num_threads(1)
     cfg = small_config(train={"steps": 60, "batch_size": 32}, monitor={"gather_every": 10})
     trainer = Trainer.from_config(cfg, plugins=[Monitor(cfg), Healer(cfg)])
-    batch = trainer.train_split.batch
+    batch = trainer.train_data.get_batch
 
     def slow_batch(idx: Any) -> Any:
         time.sleep(0.004)  # an I/O-bound loader: sleeping releases the GIL like a read would
         return batch(idx)
 
-    trainer.train_split.batch = slow_batch  # type: ignore[method-assign]
+    trainer.train_data.get_batch = slow_batch  # type: ignore[method-assign]
     trainer.fit()
     rows = trainer.state.extras["heal"]["actions"]
     assert rows.get("prefetch", 0) >= 1
 
-    # The prefetcher yields exactly the sampler's batches, and the sampler's state stays exact.
+    # Prefetched batches are exactly the sampler's, and the sampler's state stays exact.
     reference = Trainer.from_config(cfg)
     fetched = Trainer.from_config(cfg)
-    pre = Prefetcher(fetched, depth=3)
+    fetched.batches.prefetch(3)
     for _ in range(10):
         x_ref, y_ref = reference.next_batch()
-        x, y = pre.next_batch()
+        x, y = fetched.next_batch()
         torch.testing.assert_close(x, x_ref, rtol=0, atol=0)
         assert torch.equal(y, y_ref)
-    assert fetched.sampler.state_dict() == reference.sampler.state_dict()
-    fetched.sampler.load_state_dict({**reference.sampler.state_dict(), "position": 0})  # a jump (rollback)
-    reference.sampler.load_state_dict({**reference.sampler.state_dict(), "position": 0})
-    assert np.array_equal(pre.next_batch()[1].numpy(), reference.next_batch()[1].numpy())
-    pre.close()
+    assert fetched.batches.state_dict() == reference.batches.state_dict()
+    jump = {**reference.batches.state_dict(), "position": 0}  # a rollback repositions the data
+    fetched.batches.load_state_dict(jump)
+    reference.batches.load_state_dict(jump)
+    assert np.array_equal(fetched.next_batch()[1].numpy(), reference.next_batch()[1].numpy())
+    fetched.batches.close()
 
 
 def test_snapshot_reusing_buffers_copies_exactly_and_does_not_alias(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_snapshot_reusing_buffers_copies_exactly_and_does_not_alias(tmp_path: Pa
     moments = trainer.optimizer.state_dict()["state"]
     for k, v in weights.items():
         assert torch.equal(new.model[k], v) and new.model[k].data_ptr() != v.data_ptr()
-    assert new.model["net.1.weight"].data_ptr() == old.model["net.1.weight"].data_ptr()  # reused
+    assert new.model["trunk.0.weight"].data_ptr() == old.model["trunk.0.weight"].data_ptr()  # reused
     for i, st in moments.items():
         for k, v in st.items():
             assert torch.equal(new.optimizer["state"][i][k], v)
@@ -113,7 +114,7 @@ def test_snapshot_reusing_buffers_copies_exactly_and_does_not_alias(tmp_path: Pa
     assert all(torch.equal(new.model[k], frozen[k]) for k in frozen)
     new.restore(trainer)
     assert trainer.state.step == new.step and torch.equal(
-        trainer.model.state_dict()["net.1.weight"], frozen["net.1.weight"]
+        trainer.model.state_dict()["trunk.0.weight"], frozen["trunk.0.weight"]
     )
 
 

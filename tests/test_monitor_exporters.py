@@ -65,7 +65,7 @@ def test_tensorboard_files_hold_the_scalars(tmp_path: Path) -> None:
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"train/loss", "train/grad_norm", "train/compute_time_s", "train/cpu_percent"} <= tags
-    assert {"train/grad_norm/net.1", "train/grad_norm/net.3"} <= tags  # the MLP's two Linear layers
+    assert {"train/grad_norm/trunk", "train/grad_norm/head"} <= tags  # the MLP's trunk and head
     assert len(acc.Scalars("train/loss")) == 40
 
 

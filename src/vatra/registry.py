@@ -104,7 +104,9 @@ def call_with(fn: Callable[..., Any], kwargs: dict[str, Any], optional: dict[str
     try:
         inspect.signature(fn).bind(**kwargs, **extra)
     except TypeError as err:
-        raise ConfigError(f"{key}: cannot call {getattr(fn, '__qualname__', fn)!r} with these arguments: {err}") from None
+        raise ConfigError(
+            f"{key}: cannot call {getattr(fn, '__qualname__', fn)!r} with these arguments: {err}"
+        ) from None
     except ValueError:  # no signature to check against
         pass
     return fn(**kwargs, **extra)

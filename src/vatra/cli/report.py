@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from vatra._extras import require
 from vatra.cli.app import app
 
 
@@ -18,6 +19,7 @@ def report(
 ) -> None:
     """Write report.html: loss, accuracy, gradient norm, throughput, step-time and per-rank plots,
     anomalies and healing actions on the curves, the summary and the events (opens offline)."""
+    require("matplotlib", "report", "vatra report")
     from vatra.monitor.report import write_report  # matplotlib: imported only by this command
 
     print(f"vatra: report written to {write_report(run_dir, out=out)}")

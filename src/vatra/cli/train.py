@@ -1,11 +1,14 @@
-"""``vatra train`` and ``vatra config show``."""
+"""``vatra train`` (the built-in worker), ``vatra run`` (a user's script) and ``vatra config show``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from vatra._extras import require
 from vatra.cli.app import app
 from vatra.config import dump_toml, load_config
 from vatra.errors import ConfigError, VatraError
@@ -15,6 +18,21 @@ SET_HELP = "Override a config value: section.key=value (repeatable)."
 
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+
+# torchrun's flags, shared by `vatra train` and `vatra run`
+Nproc = Annotated[
+    int | None, typer.Option("--nproc", help="Worker processes on this node (default dist.nproc).")
+]
+RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (default runs/<name>-<time>).")]
+MaxRestarts = Annotated[int, typer.Option("--max-restarts", help="Restart the worker group up to R times.")]
+Nnodes = Annotated[str, typer.Option("--nnodes", help="Nodes: N or MIN:MAX (elastic).")]
+RdzvEndpoint = Annotated[str | None, typer.Option("--rdzv-endpoint", help="HOST:PORT of the rendezvous.")]
+RdzvId = Annotated[str, typer.Option("--rdzv-id", help="Job id shared by all nodes.")]
+RdzvConf = Annotated[list[str], typer.Option("--rdzv-conf", help="Rendezvous option key=value (repeatable).")]
+NodeRank = Annotated[
+    int | None, typer.Option("--node-rank", help="This node's rank; node 0 hosts the store.")
+]
+LocalAddr = Annotated[str | None, typer.Option("--local-addr", help="This node's address for workers.")]
 
 
 @config_app.command("show")
@@ -36,34 +54,23 @@ def _kv(items: list[str]) -> dict[str, str]:
     return out
 
 
-@app.command()
-def train(
-    config: Path = typer.Argument(..., help="TOML config file, e.g. examples/digits.toml."),
-    nproc: int | None = typer.Option(
-        None, "--nproc", help="Worker processes on this node (default dist.nproc)."
-    ),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="Run folder (default runs/<name>-<time>)."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="Restart the worker group up to R times."),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes: N or MIN:MAX (elastic)."),
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous."),
-    rdzv_id: str = typer.Option("vatra", "--rdzv-id", help="Job id shared by all nodes."),
-    rdzv_conf: list[str] = typer.Option([], "--rdzv-conf", help="Rendezvous option key=value (repeatable)."),
-    node_rank: int | None = typer.Option(
-        None, "--node-rank", help="This node's rank; node 0 hosts the store."
-    ),
-    local_addr: str | None = typer.Option(None, "--local-addr", help="This node's address for workers."),
-) -> None:
-    """Train a model on N local processes (or many nodes) through torch.distributed's elastic agent."""
-    if nproc is not None and nproc < 1:
+def _launch_spec(
+    nproc: int,
+    nnodes: str,
+    rdzv_endpoint: str | None,
+    rdzv_id: str,
+    rdzv_conf: list[str],
+    node_rank: int | None,
+    local_addr: str | None,
+    max_restarts: int,
+):  # type: ignore[no-untyped-def]
+    """torchrun's flags as a LaunchSpec, checked before anything is written."""
+    if nproc < 1:
         raise ConfigError(f"--nproc {nproc}: must be ≥ 1 (worker processes on this node)")
-    cfg = load_config(config, set_)
-    if nproc is not None:
-        cfg.dist.nproc = nproc
-    from vatra.launch import LaunchSpec, launch_workers  # torch: imported once the config is valid
+    from vatra.launch import LaunchSpec  # torch: imported once the arguments are valid
 
     spec = LaunchSpec(
-        nproc=cfg.dist.nproc,
+        nproc=nproc,
         nnodes=nnodes,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_id=rdzv_id,
@@ -73,8 +80,34 @@ def train(
         max_restarts=max_restarts,
     )
     spec.launch_config()  # usage errors before anything is written
-    multi_node = spec.nnodes != "1"
-    if run_dir is None and multi_node:
+    return spec
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="TOML config file, e.g. examples/digits.toml."),
+    nproc: Nproc = None,
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    run_dir: RunDirOpt = None,
+    max_restarts: MaxRestarts = 0,
+    nnodes: Nnodes = "1",
+    rdzv_endpoint: RdzvEndpoint = None,
+    rdzv_id: RdzvId = "vatra",
+    rdzv_conf: RdzvConf = [],  # noqa: B006  (typer reads the default; it is never mutated)
+    node_rank: NodeRank = None,
+    local_addr: LocalAddr = None,
+) -> None:
+    """Train a model on N local processes (or many nodes) through torch.distributed's elastic agent."""
+    cfg = load_config(config, set_)
+    if nproc is not None:
+        cfg.dist.nproc = nproc
+    spec = _launch_spec(
+        cfg.dist.nproc, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts
+    )
+    from vatra.launch import launch_workers
+
+    _check_imports(cfg)
+    if run_dir is None and spec.nnodes != "1":
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
         return
     rd = RunDir(run_dir or Path(cfg.run.out_dir) / new_run_id(cfg.run.name)).create()
@@ -88,11 +121,57 @@ def train(
         raise
 
 
+@app.command()
+def run(
+    script: Path = typer.Argument(
+        ..., help="A Python script that calls vatra.fit (or any torch.distributed script)."
+    ),
+    script_args: list[str] = typer.Argument(None, help="Arguments for the script (after --)."),
+    nproc: Nproc = None,
+    run_dir: RunDirOpt = None,
+    max_restarts: MaxRestarts = 0,
+    nnodes: Nnodes = "1",
+    rdzv_endpoint: RdzvEndpoint = None,
+    rdzv_id: RdzvId = "vatra",
+    rdzv_conf: RdzvConf = [],  # noqa: B006
+    node_rank: NodeRank = None,
+    local_addr: LocalAddr = None,
+) -> None:
+    """Run a user's script on N local processes (or many nodes) through the elastic agent.
+
+    The script's own arguments follow --: vatra run train.py --nproc 2 -- --epochs 3. Every process
+    gets torchrun's environment (RANK, WORLD_SIZE, ...) and VATRA_RUN_DIR, the one run folder that
+    vatra.fit uses on every rank and after every restart (so a restarted group resumes).
+    """
+    if not script.is_file():
+        raise ConfigError(f"script not found: {script} (pass a Python file, e.g. examples/custom_script.py)")
+    spec = _launch_spec(
+        nproc or 1, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts
+    )
+    from vatra.api import RUN_DIR_ENV
+    from vatra.launch import launch
+
+    rd = RunDir(run_dir or Path("runs") / new_run_id(script.stem)).create()
+    os.environ[RUN_DIR_ENV] = str(rd.path.resolve())
+    print(f"vatra: run folder {rd.path}", flush=True)
+    launch(spec, ["-u", str(script), *(script_args or [])], rd)
+
+
+def _check_imports(cfg) -> None:  # type: ignore[no-untyped-def]
+    """Resolve the config's import strings here, so a bad one fails once, before workers start."""
+    from vatra.registry import DATASETS, LOSSES, MODELS
+
+    for registry, value in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (LOSSES, cfg.train.loss)):
+        if value != "auto" and not registry.is_builtin(value):
+            registry.load_callable(value)
+
+
 def _report_after_failure(rd: RunDir) -> None:
     """The run failed for good: write report.html from what the workers logged (best effort)."""
-    from vatra.monitor.report import write_report  # matplotlib: only when a report is made
-
     try:
+        require("matplotlib", "report", "report.html")
+        from vatra.monitor.report import write_report  # matplotlib: only when a report is made
+
         write_report(rd.path)
     except Exception as err:  # the workers' failure is the error to show, not this one
         print(f"vatra: could not write the report: {type(err).__name__}: {err}", flush=True)

@@ -94,7 +94,8 @@ def _format_error(err: ValidationError) -> str:
 
 
 def config_from_dict(raw: dict[str, Any], base_dir: str | Path | None = None) -> Config:
-    """Validate a raw config; ``base_dir`` (a config file's folder) joins ``run.import_paths``.
+    """Validate a raw config; ``run.import_paths`` are read from ``base_dir`` (a config file's folder,
+    which is also their default).
 
     The import paths go on ``sys.path`` here, so import strings in the config resolve in this
     process and in every worker that loads the resolved config from the run folder.
@@ -103,10 +104,9 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path | None = None) ->
         run = raw.setdefault("run", {})
         if isinstance(run, dict):
             base = Path(base_dir).resolve()
-            given = run.get("import_paths", [])
+            given = run.get("import_paths", ["."])  # default: the config file's own folder
             if isinstance(given, list) and all(isinstance(p, str) for p in given):
-                paths = [str(base), *(str((base / p).resolve()) for p in given)]
-                run["import_paths"] = list(dict.fromkeys(paths))
+                run["import_paths"] = list(dict.fromkeys(str((base / p).resolve()) for p in given))
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:

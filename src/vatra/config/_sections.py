@@ -22,7 +22,7 @@ class RunConfig(Section):
     import_paths: list[str] = Field(
         [],
         description="Folders put first on the import path for import strings (model.name = 'pkg.mod:fn'); "
-        "a config file's own folder is always added, and relative folders are read from it.",
+        'relative ones are read from the config file\'s folder, which is the default (["."]).',
     )
     log_every: int = Field(10, ge=1, description="Plain log line (non-terminal) every N steps.")
     progress: Literal["auto", "rich", "plain", "off"] = Field(
@@ -77,7 +77,9 @@ class DataConfig(Section):
     )
     image_size: list[int] = Field([32, 32], description="images: every image is resized to [H, W].")
     image_mode: Literal["L", "RGB"] = Field("RGB", description="images: grayscale (L) or colour (RGB).")
-    workers: int = Field(0, ge=0, description="DataLoader worker processes per rank; 0 = load in the trainer.")
+    workers: int = Field(
+        0, ge=0, description="DataLoader worker processes per rank; 0 = load in the trainer."
+    )
     prefetch_factor: int = Field(2, ge=1, description="Batches each loader worker prepares ahead.")
     sharding: Literal["random", "contiguous", "stratified", "dirichlet", "label_skew"] = Field(
         "random", description="How training samples are split across ranks (map-style datasets)."
@@ -138,7 +140,9 @@ class HeadConfig(Section):
     task: Literal["classification", "multilabel", "regression"] = Field(
         "regression", description="What the head predicts (chooses its default loss and metrics)."
     )
-    loss: str = Field("auto", description="The head's loss: auto (by task), a built-in name or an import string.")
+    loss: str = Field(
+        "auto", description="The head's loss: auto (by task), a built-in name or an import string."
+    )
     weight: float = Field(1.0, ge=0.0, description="Fixed weight of this head's loss (weighting = fixed).")
     size: int = Field(0, ge=0, description="Outputs of the head for built-in models; 0 = from the data.")
 
@@ -180,7 +184,8 @@ class TrainConfig(Section):
         "fp32", description="Autocast precision; fp16 uses a gradient scaler."
     )
     task: Literal["auto", "classification", "multilabel", "regression", "ranking", "lm", "multitask"] = Field(
-        "auto", description="What is learned (chooses the default loss and the metrics); auto = from the data."
+        "auto",
+        description="What is learned (chooses the default loss and the metrics); auto = from the data.",
     )
     loss: str = Field(
         "auto",

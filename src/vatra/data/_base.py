@@ -139,7 +139,15 @@ class StreamDataset(IterableDataset[tuple[Any, Any, dict[str, Any]]]):
     """
 
     def configure(
-        self, *, rank: int, world_size: int, workers: int, batch_size: int, seed: int, shuffle: bool, endless: bool
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        workers: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        endless: bool,
     ) -> None:
         raise NotImplementedError
 

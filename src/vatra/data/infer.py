@@ -22,7 +22,8 @@ def is_map_style(obj: Any) -> bool:
 
 
 def user_datasets(out: Any, source: str, task: str = "auto", key: str = "data.name") -> Datasets:
-    """A factory's ``(train, val)`` or ``(train, val, spec)`` as :class:`Datasets` (spec inferred if absent)."""
+    """A factory's ``(train, val)`` or ``(train, val, spec)`` as :class:`Datasets` (spec inferred if
+    absent)."""
     if isinstance(out, Datasets):
         return out
     if not isinstance(out, tuple | list) or len(out) not in (2, 3):

@@ -24,6 +24,7 @@ class ShardSampler:
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
+        self.version = 0  # bumped by load_state_dict: a loader reading ahead must start again from here
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
 
@@ -79,3 +80,10 @@ class ShardSampler:
             raise ValueError(f"sampler state has an invalid epoch/position: {state}")
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        self.version += 1
+
+    def copy(self) -> ShardSampler:
+        """A sampler over the same shard at the same position (a loader's look-ahead)."""
+        twin = ShardSampler(self.indices, self.batch_size, seed=self.seed, shuffle=self.shuffle)
+        twin.epoch, twin.position = self.epoch, self.position
+        return twin

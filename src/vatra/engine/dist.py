@@ -36,6 +36,7 @@ class DistContext:
     local_world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None
+    owns_group: bool = False  # this context created the default group (and destroys it)
 
     @property
     def distributed(self) -> bool:
@@ -63,7 +64,8 @@ class DistContext:
         device = _device(local_rank) if backend == "nccl" else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        if not dist.is_initialized():
+        owns = not dist.is_initialized()  # a caller's own process group is used, and left to it
+        if owns:
             # Once per process, at exit: after the main code has returned (its frames, and the
             # trainer they held, are gone) and before interpreter shutdown begins.
             atexit.unregister(release_process_groups)
@@ -75,7 +77,7 @@ class DistContext:
                 world_size=world_size,
                 timeout=timedelta(seconds=cfg.timeout_s),
             )
-        return cls(rank, world_size, local_rank, local_world, device, backend)
+        return cls(rank, world_size, local_rank, local_world, device, backend, owns)
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.distributed:
@@ -94,8 +96,9 @@ class DistContext:
             dist.barrier()
 
     def destroy(self) -> None:
-        """Destroy every process group, then :func:`release_process_groups`."""
-        if dist.is_initialized():
+        """Destroy every process group (when this context created them), then
+        :func:`release_process_groups`."""
+        if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
             release_process_groups()
 

@@ -8,24 +8,36 @@ import random
 import time
 import traceback
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import IterableDataset
 
 from vatra.config import Config
-from vatra.data import DatasetSpec, ShardSampler, Split, build_dataset, partition
+from vatra.data import (
+    Batch,
+    DataContext,
+    DatasetSpec,
+    ShardSampler,
+    StreamDataset,
+    build_dataset,
+    infer_spec,
+    partition,
+)
+from vatra.data.loader import Batches, IterBatches, MapBatches, StreamBatches, eval_batches
 from vatra.engine._plugin import Plugin, PluginList
 from vatra.engine.dist import DistContext
 from vatra.engine.optim import build_optimizer, build_scheduler
 from vatra.engine.state import TrainState
-from vatra.models import build_model, count_correct, loss_fn
+from vatra.errors import ConfigError
+from vatra.losses import build_loss, build_metrics, resolve_task
+from vatra.models import build_model
 from vatra.rundir import RunDir
 
-EVAL_BATCH = 512
 # A skipped update (healing) steps the schedule without optimizer.step(): intended, not a mistake.
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
 
@@ -41,22 +53,63 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed * 100_003 + rank
 
 
-class Trainer:
-    """Trains one model on this rank's shard; works with or without torch.distributed.
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """The batch contract: a dict of inputs is passed as keyword arguments, anything else as one."""
+    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
 
-    Federated clients, HPO trials and parameter-server workers build a ``Trainer`` on their own
-    data (``world_size == 1``, no process group) and call :meth:`train_step` or :meth:`fit`.
+
+class LossFunction(nn.Module):
+    """A plain loss function ``(output, target) -> Tensor`` as a module (no parameters)."""
+
+    def __init__(self, fn: Callable[[Any, Any], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, output: Any, target: Any) -> torch.Tensor:
+        return self.fn(output, target)
+
+
+class Objective(nn.Module):
+    """The model and a loss with learned parameters (multitask uncertainty weights) as one module,
+    so DDP averages the loss's gradients too and checkpoints hold both."""
+
+    def __init__(self, model: nn.Module, loss: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, inputs: Any, target: Any) -> torch.Tensor:
+        return self.loss(call_model(self.model, inputs), target)
+
+
+def _as_loss_module(loss: Any) -> nn.Module:
+    if isinstance(loss, nn.Module):
+        return loss
+    if callable(loss):
+        return LossFunction(loss)
+    raise ConfigError(f"loss: expected a function (output, target) -> Tensor or an nn.Module, not {loss!r}")
+
+
+class Trainer:
+    """Trains one model on this rank's share of the data; works with or without torch.distributed.
+
+    ``train`` and ``val`` are any torch datasets that follow the batch contract
+    (:mod:`vatra.data._base`); ``loss`` is a function or module ``(output, target) -> Tensor`` (default:
+    the task's loss from ``train.loss``). Federated clients, HPO trials and parameter-server workers
+    build a ``Trainer`` on their own data (``world_size == 1``, no process group) and call
+    :meth:`train_step` or :meth:`fit`.
     """
 
     def __init__(
         self,
         cfg: Config,
         model: nn.Module,
-        train: Split,
-        val: Split | None,
+        train: Any,
+        val: Any | None,
         spec: DatasetSpec,
-        sampler: ShardSampler,
+        sampler: ShardSampler | None = None,
         *,
+        loss: Any = None,
         dist: DistContext | None = None,
         plugins: Iterable[Plugin] = (),
         run_dir: RunDir | None = None,
@@ -64,50 +117,107 @@ class Trainer:
         self.cfg = cfg
         self.dist = dist or DistContext()
         self.spec = spec
-        self.train_split = train
-        self.val_split = val
-        self.sampler = sampler
+        self.task = resolve_task(cfg.train.task, spec)
+        self.train_data = train
+        self.val_data = val
         self.plugins = PluginList(plugins)
         self.run_dir = run_dir
         self.state = TrainState()
-        self.model = model.to(self.dist.device)
-        self.module: nn.Module = self.model  # what runs forward: the DDP wrapper when distributed
+        device = self.dist.device
+        self.model = model.to(device)
+        self.loss = _as_loss_module(build_loss(cfg.train, spec) if loss is None else loss).to(device)
+        # What the optimizer trains: the model, or the model and a loss with parameters of its own.
+        self.trainable: nn.Module = self.model
+        if any(True for _ in self.loss.parameters()):
+            self.trainable = Objective(self.model, self.loss)
+        self.module: nn.Module = self.trainable  # what runs forward: the DDP wrapper when distributed
         if self.dist.distributed:
-            ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
-            self.module = DDP(self.model, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+            ids = [device.index] if device.type == "cuda" else None
+            self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
+        self.sampler = sampler
+        self.batches = self._train_batches()
+        self.optimizer = build_optimizer(self.trainable.parameters(), cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         amp = cfg.train.precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-        self.scaler = torch.amp.GradScaler(self.dist.device.type, enabled=amp == "fp16")
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+
+    def _train_batches(self) -> Batches:
+        """This rank's batches: sampled from its shard (map-style) or read from its share (streams)."""
+        cfg, ctx = self.cfg, self.dist
+        opts: dict[str, Any] = {
+            "workers": cfg.data.workers,
+            "prefetch_factor": cfg.data.prefetch_factor,
+            "device": ctx.device,
+        }
+        data = self.train_data
+        if isinstance(data, StreamDataset):
+            return StreamBatches(
+                data,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                batch_size=cfg.train.batch_size,
+                seed=cfg.run.seed,
+                **opts,
+            )
+        if isinstance(data, IterableDataset):
+            return IterBatches(data, cfg.train.batch_size, **opts)
+        if self.sampler is None:
+            shards = partition(
+                len(data),
+                getattr(data, "labels", None),
+                ctx.world_size,
+                cfg.data.sharding,
+                seed=cfg.run.seed,
+                alpha=cfg.data.alpha,
+                classes_per_shard=cfg.data.classes_per_shard,
+            )
+            self.sampler = ShardSampler(
+                shards[ctx.rank], cfg.train.batch_size, seed=rank_seed(cfg.run.seed, ctx.rank)
+            )
+        return MapBatches(data, self.sampler, **opts)
 
     @classmethod
     def from_config(
         cls,
         cfg: Config,
         *,
+        model: nn.Module | None = None,
+        train: Any = None,
+        val: Any = None,
+        loss: Any = None,
         dist: DistContext | None = None,
         plugins: Iterable[Plugin] = (),
         run_dir: RunDir | None = None,
     ) -> Trainer:
-        """Data, shard, sampler and model as the config says, seeded so runs repeat exactly."""
+        """Data, model and loss as the config says (or as given), seeded so runs repeat exactly.
+
+        Data comes from ``data.*`` unless ``train`` is given (then ``val`` is what is given, None =
+        no evaluation); the model from ``model.*`` unless given; the loss from ``train.loss``.
+        """
         ctx = dist or DistContext()
         seed = cfg.run.seed
-        train, val, spec = build_dataset(cfg.data, seed)
-        shards = partition(
-            len(train),
-            train.labels,
-            ctx.world_size,
-            cfg.data.sharding,
-            seed=seed,
-            alpha=cfg.data.alpha,
-            classes_per_shard=cfg.data.classes_per_shard,
-        )
-        sampler = ShardSampler(shards[ctx.rank], cfg.train.batch_size, seed=rank_seed(seed, ctx.rank))
-        seed_everything(seed)  # identical initial weights on every rank
-        model = build_model(cfg.model, spec)
+        if train is None:
+            if val is not None:
+                raise ConfigError("vatra.fit: val= was given without train=; pass both, or neither")
+            data_ctx = DataContext(
+                seed=seed,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                run_dir=run_dir.path if run_dir is not None else None,
+                broadcast=ctx.broadcast_object,
+                task=cfg.train.task,
+                head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
+            )
+            train, val, spec = build_dataset(cfg.data, data_ctx, cfg.train.task)
+        else:
+            spec = infer_spec(train, cfg.train.task, "the train dataset", "train")
+        if model is None:
+            seed_everything(seed)  # identical initial weights on every rank
+            heads = {name: h.size for name, h in cfg.train.multitask.heads.items()}
+            model = build_model(cfg.model, spec, heads)
         seed_everything(rank_seed(seed, ctx.rank))  # per-rank dropout and anything random after
-        return cls(cfg, model, train, val, spec, sampler, dist=ctx, plugins=plugins, run_dir=run_dir)
+        return cls(cfg, model, train, val, spec, loss=loss, dist=ctx, plugins=plugins, run_dir=run_dir)
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -122,7 +232,7 @@ class Trainer:
                     metrics.update(self.evaluate())
                 self.plugins.on_step_end(self, metrics)
                 self.state.last_metrics = metrics
-            final_eval = self.evaluate() if self.val_split is not None else {}
+            final_eval = self.evaluate() if self.val_data is not None else {}
             summary = self._summary(time.perf_counter() - start, final_eval)
             self.plugins.on_fit_end(self, summary)
             return summary
@@ -134,6 +244,8 @@ class Trainer:
             )
             self.plugins.on_failure(self, exc)
             raise
+        finally:
+            self.batches.close()
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over ``train.grad_accum`` micro-batches; returns the step's metrics."""
@@ -147,7 +259,7 @@ class Trainer:
         data_time = fwd_bwd_time = 0.0
         for micro in range(accum):
             td = time.perf_counter()
-            x, y = self.next_batch()
+            inputs, target = self.next_batch()
             tf = time.perf_counter()
             data_time += tf - td
             # DDP all-reduces gradients on the last micro-batch only (no_sync before it).
@@ -155,7 +267,7 @@ class Trainer:
             if micro < accum - 1 and isinstance(self.module, DDP):
                 sync = self.module.no_sync()
             with sync:
-                loss_sum += self.forward_backward(x, y, scale=1.0 / accum)
+                loss_sum += self.forward_backward(inputs, target, scale=1.0 / accum)
             fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
@@ -183,49 +295,62 @@ class Trainer:
             "skipped": state.skip_update,
         }
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+    def forward_backward(self, inputs: Any, target: Any, *, scale: float = 1.0) -> torch.Tensor:
         """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss."""
         with torch.autocast(
             self.dist.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         ):
-            loss = loss_fn(self.module(x), y)
+            if self.trainable is self.model:
+                loss = self.loss(call_model(self.module, inputs), target)
+            else:
+                loss = self.module(inputs, target)  # Objective: the loss's own parameters train too
         self.scaler.scale(loss * scale).backward()
         return loss.detach()
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.train_split.batch(self.sampler.next_batch())
-        return x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+    def next_batch(self) -> Batch:
+        """The next training batch ``(inputs, target)`` of this rank, on its device."""
+        return self.batches.next()
 
     def _unscale_and_clip(self) -> float:
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable.parameters(), max_norm)
         return float(norm)
 
     # ------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Loss and accuracy on the validation split, each rank a strided share, summed across ranks."""
-        if self.val_split is None:
+        """The task's metrics on the validation data, each rank a share, summed across ranks."""
+        if self.val_data is None:
             return {}
         self.module.eval()
-        idx = np.arange(self.dist.rank, len(self.val_split), self.dist.world_size)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.dist.device)  # loss sum, correct, count
-        for start in range(0, len(idx), EVAL_BATCH):
-            x, y = self.val_split.batch(idx[start : start + EVAL_BATCH])
-            x, y = x.to(self.dist.device), y.to(self.dist.device)
-            logits = self.model(x)  # the plain module: evaluation needs no gradient sync
-            correct, count = count_correct(logits, y)
-            totals += torch.tensor(
-                [loss_fn(logits, y).item() * count, correct, count], dtype=torch.float64, device=totals.device
-            )
+        metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss).to(self.dist.device)
+        batches = eval_batches(
+            self.val_data,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            batch_size=self.cfg.train.eval_batch_size,
+            workers=self.cfg.data.workers,
+            device=self.dist.device,
+        )
+        with torch.autocast(
+            self.dist.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            for inputs, target in batches:
+                # the plain module: evaluation needs no gradient sync
+                metrics.update(call_model(self.model, inputs), target)
+        if self.dist.distributed:
+            # A rank with no validation batch cannot size its sums: agree on the class count first.
+            known = torch.tensor([metrics.num_classes], dtype=torch.int64)
+            torch.distributed.all_reduce(known, op=torch.distributed.ReduceOp.MAX)
+            metrics.num_classes = int(known.item())
+        totals = metrics.state()
         self.dist.all_reduce_sum(totals)
         self.module.train()
-        loss_total, correct_total, n = totals.tolist()
-        metrics = {"val_loss": loss_total / max(n, 1), "val_accuracy": correct_total / max(n, 1)}
-        self.state.last_eval = metrics
-        self.plugins.on_eval_end(self, metrics)
-        return metrics
+        values = {f"val_{k}": v for k, v in metrics.compute(totals).items()}
+        self.state.last_eval = values
+        self.plugins.on_eval_end(self, values)
+        return values
 
     # --------------------------------------------------------------- helpers
     def log_event(self, kind: str, **fields: Any) -> None:
@@ -235,13 +360,17 @@ class Trainer:
 
     def _summary(self, wall_s: float, final_eval: dict[str, Any]) -> dict[str, Any]:
         st = self.state
-        return {
+        summary: dict[str, Any] = {
             "steps": st.step,
+            "task": self.task,
             "final_loss": st.last_metrics.get("loss"),
-            "val_loss": final_eval.get("val_loss"),
-            "val_accuracy": final_eval.get("val_accuracy"),
+            **final_eval,
             "samples_per_s": st.samples_seen / st.train_time_s if st.train_time_s else 0.0,
             "wall_s": wall_s,
             "world_size": self.dist.world_size,
             "samples_seen": st.samples_seen,
         }
+        weights = getattr(self.loss, "weights", None)
+        if callable(weights):
+            summary["loss_weights"] = weights()
+        return summary

@@ -17,7 +17,8 @@ from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation
 from vatra.federated.evaluate import class_scores
 from vatra.federated.params import ParamLayout
-from vatra.models import build_model, loss_fn
+from vatra.losses import CrossEntropy
+from vatra.models import build_model
 
 if TYPE_CHECKING:
     from torch import nn
@@ -76,6 +77,7 @@ class LocalClient:
     def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
         self.cfg = cfg
         self.fed = fed
+        self.loss = CrossEntropy()
         self.model, self.layout, self.init = initial_weights(cfg, fed)
         self.hook = hook or build_upload_hook(cfg, self.layout)
         self.speeds = client_speeds(cfg.run.seed, fed.num_clients, cfg.federated.speed_sigma)
@@ -83,10 +85,10 @@ class LocalClient:
     @torch.no_grad()
     def _probe_loss(self, cid: int, vec: np.ndarray) -> float:
         idx = self.fed.shards[cid][:PROBE_SAMPLES]
-        x, y = self.fed.train_for(cid).batch(idx)
+        x, y = self.fed.train_for(cid).get_batch(idx)
         self.layout.load(self.model, vec)
         self.model.eval()
-        loss = float(loss_fn(self.model(x), y))
+        loss = float(self.loss(self.model(x), y))
         self.model.train()
         return loss
 
@@ -122,7 +124,14 @@ class LocalClient:
         plugins.extend(self.hook.client_plugins(self.model))
         sampler = ShardSampler(self.fed.shards[cid], self.cfg.train.batch_size, seed=seed)
         trainer = Trainer(
-            local_cfg, self.model, self.fed.train_for(cid), None, self.fed.spec, sampler, plugins=plugins
+            local_cfg,
+            self.model,
+            self.fed.train_for(cid),
+            None,
+            self.fed.spec,
+            sampler,
+            loss=self.loss,
+            plugins=plugins,
         )
         t0 = time.perf_counter()
         train_losses = [trainer.train_step()["loss"] for _ in range(steps)]

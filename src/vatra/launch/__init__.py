@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LaunchSpec", "WorkerFailure", "free_port", "launch_workers", "parse_nnodes"]
+__all__ = ["LaunchSpec", "WorkerFailure", "free_port", "launch", "launch_workers", "parse_nnodes"]
 
 
 def __getattr__(name: str) -> Any:

@@ -94,9 +94,19 @@ class LaunchSpec:
 
 
 def launch_workers(spec: LaunchSpec, worker_args: list[str]) -> None:
-    """Run ``python -m vatra.worker *worker_args`` on every local rank; raise on failure.
+    """Run ``python -m vatra.worker *worker_args`` on every local rank; raise on failure."""
+    run_dir = (
+        RunDir(Path(worker_args[worker_args.index("--run-dir") + 1])) if "--run-dir" in worker_args else None
+    )
+    launch(spec, ["-u", "-m", "vatra.worker", *worker_args], run_dir)
 
-    Workers inherit this process's stdout/stderr, so rank 0's progress bar sees the terminal.
+
+def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> None:
+    """Run ``python *python_args`` on every local rank through the elastic agent; raise on failure.
+
+    Workers inherit this process's stdout/stderr, so rank 0's progress bar sees the terminal. The
+    agent's failure reports (exit code, signal, rank) go to ``run_dir``'s events.jsonl: a SIGKILLed
+    worker cannot log its own death.
     """
     config = spec.launch_config()
     if spec.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -107,15 +117,10 @@ def launch_workers(spec: LaunchSpec, worker_args: list[str]) -> None:
         # The agent's shared TCPStore outlives a restart, and the new group would read the dead
         # group's gloo addresses from it (hang, or "connection refused"): a fresh store per attempt.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # The agent's failure reports (exit code, signal, rank) go to the run folder's events.jsonl:
-    # a SIGKILLed worker cannot log its own death.
-    run_dir = (
-        RunDir(Path(worker_args[worker_args.index("--run-dir") + 1])) if "--run-dir" in worker_args else None
-    )
     rank_offset = (spec.node_rank or 0) * spec.nproc
     try:
         with record_worker_failures(run_dir, rank_offset):
-            elastic_launch(config, sys.executable)("-u", "-m", "vatra.worker", *worker_args)
+            elastic_launch(config, sys.executable)(*python_args)
     except ChildFailedError as err:
         codes = {rank: failure.exitcode for rank, failure in err.failures.items()}
         exit_code = 2 if 2 in codes.values() else 1

@@ -1,11 +1,10 @@
-"""Built-in models (mlp, cnn, gpt), their registry and the shared loss and accuracy."""
+"""Built-in models (mlp, cnn, gpt) and ``build_model``, which also builds a user's model by import string."""
 
 from __future__ import annotations
 
-from vatra.models._common import count_correct, loss_fn
 from vatra.models.cnn import CNN
 from vatra.models.gpt import GPT
 from vatra.models.mlp import MLP
-from vatra.models.registry import MODELS, build_model
+from vatra.models.registry import build_model
 
-__all__ = ["CNN", "GPT", "MLP", "MODELS", "build_model", "count_correct", "loss_fn"]
+__all__ = ["CNN", "GPT", "MLP", "build_model"]

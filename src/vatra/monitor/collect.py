@@ -78,7 +78,7 @@ class SystemSampler:
 def module_grad_norms(model: nn.Module) -> dict[str, float]:
     """L2 norm of the gradients of each top-level module (after clipping, as stepped).
 
-    A wrapper with a single child (``MLP.net``) is looked through, so the names are the layers.
+    A wrapper with a single child (a ``Sequential`` inside a module) is looked through.
     """
     prefix = ""
     while len(children := list(model.named_children())) == 1:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vatra._extras import require
 from vatra.config import MonitorConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
@@ -158,6 +159,7 @@ class StepTracer(Plugin):
         self.out: Any = None
 
     def on_fit_start(self, trainer: Trainer) -> None:
+        require("opentelemetry.sdk", "otel", "monitor.tracing")
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -169,12 +171,9 @@ class StepTracer(Plugin):
         self.provider = TracerProvider(resource=resource)
         exporter: SpanExporter
         if self.cfg.tracing_exporter == "otlp":
-            try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            except ImportError:
-                raise ConfigError(
-                    "monitor.tracing_exporter = 'otlp' needs opentelemetry-exporter-otlp-proto-http installed"
-                ) from None
+            require("opentelemetry.exporter.otlp.proto.http", "otel", "monitor.tracing_exporter = 'otlp'")
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
             exporter = OTLPSpanExporter(endpoint=self.cfg.otlp_endpoint)
         else:
             folder = (self.run_dir or Path(".")) / "traces"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from vatra._extras import MissingExtra, require
 from vatra.config import Config
 from vatra.engine import Plugin
 from vatra.monitor._judge import Judge, build_judge
@@ -335,6 +336,11 @@ class Monitor(Plugin):
         self._close()
         summary["anomalies"] = self.anomalies
         if trainer.dist.is_main and self.cfg.report and self.run_dir is not None:
+            try:
+                require("matplotlib", "report", "report.html")
+            except MissingExtra as err:  # the run succeeded; the page can be written later
+                print(f"vatra: report.html not written: {err}", flush=True)
+                return
             from vatra.monitor.report import write_report  # matplotlib: only where a report is made
 
             write_report(self.run_dir.path, summary=summary)

@@ -4,9 +4,9 @@ One version is a folder of files:
 
 * ``.metadata``, ``__<rank>_0.distcp`` — model and optimizer through ``torch.distributed.checkpoint``
   (DCP). Replicated (DDP) tensors are written once across ranks; sharded state would work the same.
-* ``rank<r>.pt`` — what differs per rank: RNG states (python, numpy, torch CPU, CUDA), the sampler
-  position; plus LR scheduler, grad scaler and ``TrainState`` counters (identical on every rank,
-  kept per rank so each rank reads only its own small file).
+* ``rank<r>.pt`` — what differs per rank: RNG states (python, numpy, torch CPU, CUDA), the data
+  position (sampler, or stream readers); plus LR scheduler, grad scaler and ``TrainState`` counters
+  (identical on every rank, kept per rank so each rank reads only its own small file).
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def set_rng_state(state: StateDict) -> None:
 
 
 def rank_state(trainer: Trainer) -> bytes:
-    """This rank's own state, serialized: RNG, sampler, scheduler, scaler, counters, and what plugins
+    """This rank's own state, serialized: RNG, data position, scheduler, scaler, counters, and what plugins
     registered in ``trainer.state.rank_states`` (the comm plugin's error-feedback residuals)."""
     st = trainer.state
     blob = {
         "rng": rng_state(),
-        "sampler": trainer.sampler.state_dict(),
+        "data": trainer.batches.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict(),
         "train_state": {"step": st.step, "samples_seen": st.samples_seen, "train_time_s": st.train_time_s},
@@ -83,7 +83,7 @@ def load_rank_state(trainer: Trainer, data: bytes) -> None:
     blob = torch.load(io.BytesIO(data), weights_only=True)
     set_rng_state(blob["rng"])
     try:
-        trainer.sampler.load_state_dict(blob["sampler"])
+        trainer.batches.load_state_dict(blob["data"])
     except ValueError as err:
         raise ConfigError(f"checkpoint does not fit this run: {err}") from None
     trainer.scheduler.load_state_dict(blob["scheduler"])
@@ -100,8 +100,9 @@ def load_rank_state(trainer: Trainer, data: bytes) -> None:
 
 
 def model_optim_state(trainer: Trainer) -> StateDict:
-    """Model and optimizer state keyed by parameter names (FQNs), views of the live tensors."""
-    msd, osd = get_state_dict(trainer.model, trainer.optimizer)
+    """Model (with a loss's learned parameters) and optimizer state keyed by parameter names (FQNs),
+    views of the live tensors."""
+    msd, osd = get_state_dict(trainer.trainable, trainer.optimizer)
     return {"model": msd, "optim": osd}
 
 
@@ -146,5 +147,5 @@ def dcp_load(trainer: Trainer, folder: Path, group: dist.ProcessGroup | None) ->
     with _single_process_ok():
         dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
     set_state_dict(
-        trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        trainer.trainable, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )

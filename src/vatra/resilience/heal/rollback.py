@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vatra.config import Config
-from vatra.resilience.heal._base import Action, Policy, register
+from vatra.resilience.heal._base import Action, Policy
 from vatra.resilience.heal.cap import HealingFailed
 
 LAST_GOOD = "last-good"  # the tag the checkpoint plugin puts on versions saved while healthy
@@ -85,7 +85,7 @@ class Snapshot:
         before any policy can skip the step, so a NaN gradient leaves NaN in them and, without
         them restored, the first step after a rollback is NaN again."""
         pairs: Pairs = []
-        model = _copy_flat(trainer.model.state_dict(), reuse.model if reuse else None, pairs)
+        model = _copy_flat(trainer.trainable.state_dict(), reuse.model if reuse else None, pairs)
         opt = trainer.optimizer.state_dict()
         old_state = reuse.optimizer["state"] if reuse else {}
         optimizer = {
@@ -111,7 +111,7 @@ class Snapshot:
         )
 
     def restore(self, trainer: Trainer) -> None:
-        trainer.model.load_state_dict(self.model)
+        trainer.trainable.load_state_dict(self.model)
         # load_state_dict keeps tensors it does not need to move: copy, or later steps would
         # update this snapshot in place.
         trainer.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
@@ -122,7 +122,6 @@ class Snapshot:
         trainer.state.step = self.step
 
 
-@register("rollback")
 class Rollback(Policy):
     """On a non-finite gradient norm, a non-finite mean loss, a mean loss above
     ``divergence_factor`` × its healthy baseline for ``divergence_steps`` consecutive steps, or
@@ -137,6 +136,8 @@ class Rollback(Policy):
     promoted to last-good after the next verdict is clean as well: a verdict covers the steps
     before it, so a snapshot is good once a later clean window has vouched for it.
     """
+
+    name = "rollback"
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -211,7 +212,7 @@ class Rollback(Policy):
 
     def apply(self, trainer: Trainer, action: Action) -> None:
         from_step = trainer.state.step
-        sampler_now = trainer.sampler.state_dict()
+        data_now = trainer.batches.state_dict()
         # The update of the step before the first abnormal one may be the culprit (its damage shows
         # one step later), so a good state is at most onset - 2.
         newest_ok = int(action.evidence["onset"]) - 2
@@ -225,7 +226,7 @@ class Rollback(Policy):
                 )
             self.good.restore(trainer)
             source = "memory"
-        trainer.sampler.load_state_dict(sampler_now)  # skip the offending batches
+        trainer.batches.load_state_dict(data_now)  # skip the offending batches
         self.lr_scale *= self.cfg.lr_backoff
         self._scale_lr(trainer)
         self.spare = self.pending or self.spare

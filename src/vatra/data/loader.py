@@ -1,0 +1,451 @@
+"""The trainer's batches: a torch DataLoader over this rank's share, resumable exactly, with prefetch.
+
+:func:`train_batches` picks the reader for the dataset kind (see :mod:`vatra.data._base`):
+
+* map-style: a ``ShardSampler`` over this rank's shard decides the order; the DataLoader reads
+  ahead from a copy of it, and the sampler itself advances one batch per batch *consumed*, so its
+  state (what a checkpoint saves) is exact however far the loader's workers have read;
+* a :class:`StreamDataset`: each batch comes with its reader's position; the newest position per
+  reader and the next reader the DataLoader will serve are the state;
+* any other ``IterableDataset``: read as it is, epoch after epoch; resuming skips the batches of
+  the current epoch already consumed (exact for a deterministic iterable).
+
+Repositioning (``load_state_dict``: a resume or a rollback) drops what was read ahead and starts
+the DataLoader again at the new position.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from vatra.data._base import Batch, BatchedDataset, StreamDataset, to_device
+from vatra.data.sampler import ShardSampler
+from vatra.errors import ConfigError
+
+
+def _keep(batch: Any) -> Any:
+    """collate_fn for loaders whose dataset already returns whole batches."""
+    return batch
+
+
+class _BatchView(torch.utils.data.Dataset[Batch]):
+    """Indexing with an index array fetches the whole batch (``BatchedDataset.get_batch``)."""
+
+    def __init__(self, dataset: BatchedDataset) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, idx: np.ndarray) -> Batch:  # type: ignore[override]
+        return self.dataset.get_batch(idx)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class _Endless(Sampler[Any]):
+    """The batches of a (look-ahead copy of a) ShardSampler, forever: index arrays or lists."""
+
+    def __init__(self, sampler: ShardSampler, as_list: bool) -> None:
+        self.sampler = sampler
+        self.as_list = as_list
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            idx = self.sampler.next_batch()
+            yield idx.tolist() if self.as_list else idx
+
+
+class _Failed:
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+
+class _ReadAhead:
+    """Pulls items from an iterator on a background thread, up to ``depth`` ahead, in order."""
+
+    def __init__(self, it: Iterator[Any], depth: int) -> None:
+        self.it = it
+        self.items: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="vatra-prefetch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self.it:
+                while not self.stopped.is_set():
+                    try:
+                        self.items.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+                if self.stopped.is_set():
+                    return
+        except BaseException as err:  # surfaced on the training thread by __next__
+            self.items.put(_Failed(err))
+
+    def __iter__(self) -> _ReadAhead:
+        return self
+
+    def __next__(self) -> Any:
+        item = self.items.get()
+        if isinstance(item, _Failed):
+            raise item.err
+        return item
+
+    def close(self) -> None:
+        self.stopped.set()
+        while self.thread.is_alive():
+            try:
+                self.items.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        self.thread.join()
+
+
+class _Pooled:
+    """Batches of a sampler's order fetched by ``depth`` threads, ``depth`` in flight, yielded in order."""
+
+    def __init__(self, sampler: ShardSampler, fetch: Callable[[np.ndarray], Any], depth: int) -> None:
+        self.sampler = sampler
+        self.fetch = fetch
+        self.pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="vatra-prefetch")
+        self.queue: deque[Future[Any]] = deque(
+            self.pool.submit(fetch, sampler.next_batch()) for _ in range(depth)
+        )
+
+    def __iter__(self) -> _Pooled:
+        return self
+
+    def __next__(self) -> Any:
+        result = self.queue.popleft().result()
+        self.queue.append(self.pool.submit(self.fetch, self.sampler.next_batch()))
+        return result
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Batches:
+    """Endless training batches of one rank, on the trainer's device.
+
+    Call order: ``next()`` any number of times; ``state_dict()`` at a step boundary (what a checkpoint
+    saves); ``load_state_dict()`` repositions; ``prefetch(depth)`` reads further ahead (loader workers
+    prepare ``depth`` batches each; without workers a background thread keeps ``depth`` ready);
+    ``close()`` stops workers and threads. Used from the training thread only.
+    """
+
+    kind = "base"
+
+    def __init__(self, *, workers: int, prefetch_factor: int, device: torch.device) -> None:
+        self.workers = workers
+        self.prefetch_factor = prefetch_factor
+        self.device = device
+        self.depth = 0  # extra read-ahead asked for by prefetch(); 0 = the loader's own
+        self._it: Iterator[Any] | None = None
+
+    # subclasses: the raw batch iterator from the current position, and bookkeeping per batch
+    def _make_iter(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _consume(self, item: Any) -> Batch:
+        raise NotImplementedError
+
+    def _stale(self) -> bool:
+        return self._it is None
+
+    def position_key(self) -> list[int]:
+        """Integers naming the current position (seeds the loader's own generator)."""
+        return []
+
+    def loader_options(self) -> dict[str, Any]:
+        # An own generator: a DataLoader iterator otherwise draws its workers' base seed from the
+        # global RNG, so restarting one (after a resume) would shift dropout's random stream.
+        generator = torch.Generator().manual_seed(
+            int(np.random.default_rng(self.position_key()).integers(2**62))
+        )
+        opts: dict[str, Any] = {
+            "num_workers": self.workers,
+            "pin_memory": self.device.type == "cuda",
+            "generator": generator,
+        }
+        if self.workers:
+            opts["prefetch_factor"] = max(self.prefetch_factor, self.depth)
+        return opts
+
+    def next(self) -> Batch:
+        if self._stale():
+            self._restart()
+        assert self._it is not None
+        return to_device(self._consume(next(self._it)), self.device)
+
+    def _restart(self) -> None:
+        self._stop()
+        self._it = self._make_iter()
+
+    def _stop(self) -> None:
+        close = getattr(
+            self._it, "close", None
+        )  # read-ahead threads; a DataLoader's workers stop when dropped
+        if close is not None:
+            close()
+        self._it = None
+
+    def prefetch(self, depth: int) -> None:
+        """Read ``depth`` batches ahead from now on (0 = the loader's default); exact order kept."""
+        self.depth = depth
+        self._stop()
+
+    def close(self) -> None:
+        self._stop()
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _check_kind(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise ValueError(
+                f"the saved data position is for a {state.get('kind')!r} dataset but this run reads a "
+                f"{self.kind!r} one; resume with the same data source"
+            )
+
+
+class MapBatches(Batches):
+    """A map-style dataset in ``ShardSampler`` order (batched fetch for a :class:`BatchedDataset`)."""
+
+    kind = "map"
+
+    def __init__(self, dataset: Any, sampler: ShardSampler, **opts: Any) -> None:
+        super().__init__(**opts)
+        self.dataset = dataset
+        self.sampler = sampler
+        self._version = -1
+
+    def _stale(self) -> bool:
+        return self._it is None or self._version != self.sampler.version
+
+    def position_key(self) -> list[int]:
+        return [self.sampler.seed, self.sampler.epoch, self.sampler.position]
+
+    def _make_iter(self) -> Iterator[Any]:
+        self._version = self.sampler.version
+        ahead = self.sampler.copy()
+        if self.depth and not self.workers:  # healing's prefetch without loader workers: threads
+            return _Pooled(ahead, self._fetch, self.depth)
+        if isinstance(self.dataset, BatchedDataset):
+            loader: DataLoader[Any] = DataLoader(
+                _BatchView(self.dataset),
+                sampler=_Endless(ahead, as_list=False),
+                batch_size=None,
+                collate_fn=_keep,
+                **self.loader_options(),
+            )
+        else:
+            loader = DataLoader(
+                self.dataset, batch_sampler=_Endless(ahead, as_list=True), **self.loader_options()
+            )
+        return iter(loader)
+
+    def _fetch(self, idx: np.ndarray) -> Any:
+        if isinstance(self.dataset, BatchedDataset):
+            return self.dataset.get_batch(idx)
+        return torch.utils.data.default_collate([self.dataset[int(i)] for i in idx])
+
+    def _consume(self, item: Any) -> Batch:
+        self.sampler.next_batch()  # the consumed position: what a checkpoint saves
+        return _pair(item)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_kind(state)
+        self.sampler.load_state_dict({k: v for k, v in state.items() if k != "kind"})
+
+
+class StreamBatches(Batches):
+    """A :class:`StreamDataset`: newest position per reader slot, and the slot served next."""
+
+    kind = "stream"
+
+    def __init__(
+        self, stream: StreamDataset, *, rank: int, world_size: int, batch_size: int, seed: int, **opts: Any
+    ) -> None:
+        super().__init__(**opts)
+        self.stream = stream
+        self.slots = max(self.workers, 1)
+        stream.configure(
+            rank=rank,
+            world_size=world_size,
+            workers=self.workers,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=True,
+            endless=True,
+        )
+        self.positions: dict[int, dict[str, Any]] = {}
+        self.next_slot = 0
+        self.seed = seed
+
+    def position_key(self) -> list[int]:
+        return [self.seed, self.next_slot, *(int(v) for p in self.positions.values() for v in p.values())]
+
+    def _make_iter(self) -> Iterator[Any]:
+        self.stream.resume(dict(self.positions), self.next_slot)
+        loader: DataLoader[Any] = DataLoader(
+            self.stream, batch_size=None, collate_fn=_keep, **self.loader_options()
+        )
+        return _ReadAhead(iter(loader), self.depth) if self.depth and not self.workers else iter(loader)
+
+    def _consume(self, item: Any) -> Batch:
+        inputs, target, position = item
+        slot = int(position["slot"])
+        self.positions[slot] = dict(position)
+        self.next_slot = (slot + 1) % self.slots
+        return inputs, target
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "slots": self.slots,
+            "next_slot": self.next_slot,
+            "positions": {s: dict(p) for s, p in self.positions.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_kind(state)
+        if int(state["slots"]) != self.slots:
+            raise ValueError(
+                f"the stream was saved with data.workers = {state['slots'] if state['slots'] > 1 else 0} "
+                f"but this run has data.workers = {self.workers}; a stream resumes with the same data.workers"
+            )
+        self.positions = {int(s): dict(p) for s, p in state["positions"].items()}
+        self.next_slot = int(state["next_slot"])
+        self._stop()
+
+
+class IterBatches(Batches):
+    """Any other ``IterableDataset``, batched by the DataLoader, epoch after epoch."""
+
+    kind = "iterable"
+
+    def __init__(self, dataset: IterableDataset[Any], batch_size: int, **opts: Any) -> None:
+        super().__init__(**opts)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.epoch = 0
+        self.batch = 0  # batches of this epoch consumed
+
+    def position_key(self) -> list[int]:
+        return [self.epoch, self.batch]
+
+    def _epoch_iter(self) -> Iterator[Any]:
+        loader: DataLoader[Any] = DataLoader(
+            self.dataset, batch_size=self.batch_size, drop_last=True, **self.loader_options()
+        )
+        return iter(loader)
+
+    def _make_iter(self) -> Iterator[Any]:
+        def epochs() -> Iterator[Any]:
+            skip = self.batch
+            while True:
+                got = False
+                for i, item in enumerate(self._epoch_iter()):
+                    got = True
+                    if i >= skip:
+                        yield item
+                skip = 0
+                if not got:
+                    raise ConfigError(
+                        f"the training dataset yielded no full batch of {self.batch_size}; "
+                        "give it more items or lower train.batch_size"
+                    )
+                yield _EPOCH_END
+
+        return _ReadAhead(epochs(), self.depth) if self.depth and not self.workers else epochs()
+
+    def next(self) -> Batch:
+        if self._stale():
+            self._restart()
+        assert self._it is not None
+        item = next(self._it)
+        if item is _EPOCH_END:
+            self.epoch, self.batch = self.epoch + 1, 0
+            item = next(self._it)
+        self.batch += 1
+        return to_device(_pair(item), self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_kind(state)
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self._stop()
+
+
+_EPOCH_END = object()
+
+
+def _pair(item: Any) -> Batch:
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        raise ConfigError(
+            f"a batch is a {type(item).__name__}; a dataset item must be (inputs, target), "
+            "each a tensor or a dict of tensors"
+        )
+    return item[0], item[1]
+
+
+def eval_batches(
+    dataset: Any, *, rank: int, world_size: int, batch_size: int, workers: int, device: torch.device
+) -> Iterator[Batch]:
+    """One pass over this rank's share of an evaluation dataset: a strided share of a map-style one,
+    the rank's readers of a stream, an iterable as it is (it must shard itself across ranks).
+
+    The loaders have their own generators, so evaluating does not advance the global RNG.
+    """
+    if isinstance(dataset, StreamDataset):
+        dataset.configure(
+            rank=rank,
+            world_size=world_size,
+            workers=workers,
+            batch_size=batch_size,
+            seed=0,
+            shuffle=False,
+            endless=False,
+        )
+        dataset.resume({}, 0)
+        loader: DataLoader[Any] = DataLoader(
+            dataset, batch_size=None, collate_fn=_keep, num_workers=workers, generator=torch.Generator()
+        )
+        for inputs, target, _ in loader:
+            yield to_device((inputs, target), device)
+        return
+    if isinstance(dataset, IterableDataset):
+        for item in DataLoader(
+            dataset, batch_size=batch_size, num_workers=workers, generator=torch.Generator()
+        ):
+            yield to_device(_pair(item), device)
+        return
+    idx = np.arange(rank, len(dataset), world_size)
+    chunks = [idx[s : s + batch_size] for s in range(0, len(idx), batch_size)]
+    if isinstance(dataset, BatchedDataset):
+        for chunk in chunks:
+            yield to_device(dataset.get_batch(chunk), device)
+        return
+    batch_sampler = [c.tolist() for c in chunks]
+    for item in DataLoader(
+        dataset, batch_sampler=batch_sampler, num_workers=workers, generator=torch.Generator()
+    ):
+        yield to_device(_pair(item), device)
