@@ -65,6 +65,30 @@ class RunDir:
         """One line in events.jsonl; safe from several ranks (small O_APPEND writes)."""
         append_jsonl(self.events, {"time": time.time(), "event": kind, **fields})
 
+    @property
+    def errors(self) -> Path:
+        return self.path / "errors"
+
+    def write_error(self, rank: int, message: str, exit_code: int) -> None:
+        """A worker's one-line error, for the launcher to report once for the whole group."""
+        self.errors.mkdir(parents=True, exist_ok=True)
+        (self.errors / f"rank{rank:05d}.json").write_text(
+            json.dumps({"message": message, "exit_code": exit_code})
+        )
+
+    def take_errors(self) -> list[dict[str, Any]]:
+        """The workers' errors in rank order, removed from the folder (a later attempt starts clean)."""
+        if not self.errors.is_dir():
+            return []
+        found = []
+        for path in sorted(self.errors.glob("rank*.json")):
+            try:
+                found.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+            path.unlink(missing_ok=True)
+        return found
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.summary.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from vatra.config import load_config
 from vatra.errors import VatraError
+from vatra.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
 
         fit(cfg, run_dir=args.run_dir)
     except VatraError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        rank = int(os.environ.get("RANK", "0"))
+        if args.run_dir is not None:  # the launcher prints one line for the whole group
+            RunDir(Path(args.run_dir)).write_error(rank, str(err), err.exit_code)
+        elif err.exit_code != 2 or rank == 0:  # a config error is the same on every rank: say it once
+            print(f"error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
     return 0
 

@@ -10,7 +10,7 @@ import typer
 
 from vatra._extras import require
 from vatra.cli.app import app
-from vatra.config import dump_toml, load_config
+from vatra.config import Config, dump_toml, load_config
 from vatra.errors import ConfigError, VatraError
 from vatra.rundir import RunDir, new_run_id
 
@@ -106,7 +106,7 @@ def train(
     )
     from vatra.launch import launch_workers
 
-    _check_imports(cfg)
+    _preflight(cfg)
     if run_dir is None and spec.nnodes != "1":
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
         return
@@ -157,13 +157,20 @@ def run(
     launch(spec, ["-u", str(script), *(script_args or [])], rd)
 
 
-def _check_imports(cfg) -> None:  # type: ignore[no-untyped-def]
-    """Resolve the config's import strings here, so a bad one fails once, before workers start."""
+def _preflight(cfg: Config) -> None:
+    """What can be checked once, here, before any worker starts: the config's import strings
+    resolve, and a table's columns fit its files (schema only, no rows read)."""
     from vatra.registry import DATASETS, LOSSES, MODELS
 
     for registry, value in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (LOSSES, cfg.train.loss)):
         if value != "auto" and not registry.is_builtin(value):
             registry.load_callable(value)
+    if cfg.data.name == "table":
+        from vatra.data import DataContext
+        from vatra.data.table import check_table
+
+        heads = {name: h.task for name, h in cfg.train.multitask.heads.items()}
+        check_table(cfg.data, DataContext(seed=cfg.run.seed, task=cfg.train.task, head_tasks=heads))
 
 
 def _report_after_failure(rd: RunDir) -> None:

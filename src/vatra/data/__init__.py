@@ -16,9 +16,13 @@ from vatra.data._base import (
 )
 from vatra.data._split import Split
 from vatra.data.datasets import build_dataset
+from vatra.data.images import ImageFolderDataset
 from vatra.data.infer import infer_spec, user_datasets
 from vatra.data.partition import PARTITIONERS, partition
+from vatra.data.preprocess import Preprocess
 from vatra.data.sampler import ShardSampler
+from vatra.data.stream import ParquetStream
+from vatra.data.table import RankingDataset, TableDataset
 
 __all__ = [
     "PARTITIONERS",
@@ -27,9 +31,14 @@ __all__ = [
     "DataContext",
     "DatasetSpec",
     "Datasets",
+    "ImageFolderDataset",
+    "ParquetStream",
+    "Preprocess",
+    "RankingDataset",
     "ShardSampler",
     "Split",
     "StreamDataset",
+    "TableDataset",
     "TargetSpec",
     "TaskKind",
     "batch_size_of",

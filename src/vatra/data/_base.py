@@ -117,7 +117,7 @@ def _first(obj: Any) -> Any:
     return obj[0]
 
 
-class StreamDataset(IterableDataset[tuple[Any, Any, dict[str, Any]]]):
+class StreamDataset(IterableDataset[tuple[Any, Any, list[dict[str, Any]]]]):
     """A stream of whole batches, split among readers, resumable at a saved position.
 
     Call order (the trainer's loader does this): ``configure`` once; optionally ``resume`` with the
@@ -130,10 +130,15 @@ class StreamDataset(IterableDataset[tuple[Any, Any, dict[str, Any]]]):
     ``(p + rotate) % max(workers, 1)`` (``rotate`` from ``resume``), so that the DataLoader's
     round-robin continues after a resume exactly where it stopped.
 
-    Each item is ``(inputs, target, position)``: ``position`` is a small dict of plain values with
-    the key ``"slot"`` (the logical slot) and whatever the stream needs to continue *after* this
-    batch; the loader keeps the newest position per slot. Training streams are endless (epoch after
-    epoch, each epoch visiting each of the reader's rows once; a batch may span an epoch boundary);
+    Each item is a block of one or more consecutive batches of one slot, ``(inputs, target,
+    positions)``: the tensors hold the block's batches one after the other (``batch_size`` rows each),
+    and ``positions`` has one small dict of plain values per batch, with the keys ``"slot"`` (the
+    logical slot), ``"left"`` (batches of this block after this one) and whatever the stream needs
+    to continue *after* that batch. A loader worker sends large blocks: each item that crosses to
+    the trainer's process costs about a millisecond. The loader keeps the newest position per slot;
+    a resumed slot whose block was cut short sends the ``left`` batches first, as one block, so the
+    DataLoader's round-robin continues exactly. Training streams are endless (epoch after epoch,
+    each epoch visiting each of the reader's rows once; a batch may span an epoch boundary);
     evaluation streams (``endless=False``) visit each of the reader's rows once and stop, the last
     batch possibly short.
     """

@@ -150,6 +150,9 @@ class Batches:
         self.prefetch_factor = prefetch_factor
         self.device = device
         self.depth = 0  # extra read-ahead asked for by prefetch(); 0 = the loader's own
+        # Without workers on the CPU a DataLoader adds only its per-batch bookkeeping (~50 us here):
+        # batches are then read in this process directly, in the same order.
+        self.in_process = workers == 0 and device.type == "cpu"
         self._it: Iterator[Any] | None = None
 
     # subclasses: the raw batch iterator from the current position, and bookkeeping per batch
@@ -185,7 +188,8 @@ class Batches:
         if self._stale():
             self._restart()
         assert self._it is not None
-        return to_device(self._consume(next(self._it)), self.device)
+        batch = self._consume(next(self._it))
+        return batch if self.device.type == "cpu" else to_device(batch, self.device)
 
     def _restart(self) -> None:
         self._stop()
@@ -243,6 +247,8 @@ class MapBatches(Batches):
         ahead = self.sampler.copy()
         if self.depth and not self.workers:  # healing's prefetch without loader workers: threads
             return _Pooled(ahead, self._fetch, self.depth)
+        if self.in_process:
+            return map(self._fetch, _Endless(ahead, as_list=False))
         if isinstance(self.dataset, BatchedDataset):
             loader: DataLoader[Any] = DataLoader(
                 _BatchView(self.dataset),
@@ -297,23 +303,45 @@ class StreamBatches(Batches):
         self.positions: dict[int, dict[str, Any]] = {}
         self.next_slot = 0
         self.seed = seed
+        self.batch_size = batch_size
+        self._pending: deque[tuple[Any, Any, dict[str, Any]]] = deque()  # the block being used
 
     def position_key(self) -> list[int]:
         return [self.seed, self.next_slot, *(int(v) for p in self.positions.values() for v in p.values())]
 
     def _make_iter(self) -> Iterator[Any]:
         self.stream.resume(dict(self.positions), self.next_slot)
-        loader: DataLoader[Any] = DataLoader(
-            self.stream, batch_size=None, collate_fn=_keep, **self.loader_options()
-        )
-        return _ReadAhead(iter(loader), self.depth) if self.depth and not self.workers else iter(loader)
+        if self.in_process:
+            it: Iterator[Any] = iter(self.stream)
+        else:
+            it = iter(DataLoader(self.stream, batch_size=None, collate_fn=_keep, **self.loader_options()))
+        return _ReadAhead(it, self.depth) if self.depth and not self.workers else it
 
-    def _consume(self, item: Any) -> Batch:
-        inputs, target, position = item
+    def next(self) -> Batch:
+        if self._stale():
+            self._restart()
+        assert self._it is not None
+        while not self._pending:  # a block of one or more batches
+            inputs, target, positions = next(self._it)
+            self._pending.extend(
+                zip(
+                    split_rows(inputs, len(positions), self.batch_size),
+                    split_rows(target, len(positions), self.batch_size),
+                    positions,
+                    strict=True,
+                )
+            )
+        inputs, target, position = self._pending.popleft()
         slot = int(position["slot"])
         self.positions[slot] = dict(position)
-        self.next_slot = (slot + 1) % self.slots
-        return inputs, target
+        # the DataLoader serves the next worker once this slot's block is used up
+        self.next_slot = slot if position.get("left", 0) else (slot + 1) % self.slots
+        batch = (inputs, target)
+        return batch if self.device.type == "cpu" else to_device(batch, self.device)
+
+    def _stop(self) -> None:
+        super()._stop()
+        self._pending.clear()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -398,6 +426,17 @@ class IterBatches(Batches):
 _EPOCH_END = object()
 
 
+def split_rows(obj: Any, parts: int, rows: int) -> list[Any]:
+    """A block's tensor (or dict of tensors) as ``parts`` consecutive batches of ``rows`` rows (the
+    last may be shorter): views, no copy."""
+    if parts == 1:
+        return [obj]
+    if isinstance(obj, dict):
+        pieces = {k: split_rows(v, parts, rows) for k, v in obj.items()}
+        return [{k: pieces[k][i] for k in obj} for i in range(parts)]
+    return list(obj.split(rows))
+
+
 def _pair(item: Any) -> Batch:
     if not isinstance(item, tuple | list) or len(item) != 2:
         raise ConfigError(
@@ -429,8 +468,13 @@ def eval_batches(
         loader: DataLoader[Any] = DataLoader(
             dataset, batch_size=None, collate_fn=_keep, num_workers=workers, generator=torch.Generator()
         )
-        for inputs, target, _ in loader:
-            yield to_device((inputs, target), device)
+        for inputs, target, positions in loader:
+            for batch in zip(
+                split_rows(inputs, len(positions), batch_size),
+                split_rows(target, len(positions), batch_size),
+                strict=True,
+            ):
+                yield to_device(batch, device)
         return
     if isinstance(dataset, IterableDataset):
         for item in DataLoader(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vatra.config import FederatedConfig
+from vatra.federated import _requires  # noqa: F401  (before the rest: one line without the fl extra)
 from vatra.federated._base import Failure, FitIns, FitRes, Selector, Strategy, UploadHook, weighted_mean
 from vatra.federated.adaptive import AdaptiveSelector
 from vatra.federated.clustered import Clustered

@@ -18,7 +18,8 @@ from vatra.rundir import RunDir
 
 
 class WorkerFailure(VatraError):
-    """One or more workers exited non-zero; exit code 2 when a worker reported a config error."""
+    """One or more workers exited non-zero: the lowest rank's own error line when it left one,
+    with its exit code (2 for a config error), else which ranks failed how."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -112,12 +113,15 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
     if spec.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: N processes each using every core would oversubscribe the CPU.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc))
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # vatra reports a failed worker itself (one line, and the agent's record in events.jsonl)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     if spec.max_restarts > 0:
         # The agent's shared TCPStore outlives a restart, and the new group would read the dead
         # group's gloo addresses from it (hang, or "connection refused"): a fresh store per attempt.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     rank_offset = (spec.node_rank or 0) * spec.nproc
+    if run_dir is not None:
+        run_dir.take_errors()  # left by an earlier attempt: not this one's
     try:
         with record_worker_failures(run_dir, rank_offset):
             elastic_launch(config, sys.executable)(*python_args)
@@ -125,4 +129,7 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
         codes = {rank: failure.exitcode for rank, failure in err.failures.items()}
         exit_code = 2 if 2 in codes.values() else 1
         detail = ", ".join(f"rank {r} exit code {c}" for r, c in sorted(codes.items()))
+        said = run_dir.take_errors() if run_dir is not None else []
+        if said:
+            raise WorkerFailure(said[0]["message"], int(said[0]["exit_code"])) from None
         raise WorkerFailure(f"worker(s) failed: {detail}", exit_code) from None

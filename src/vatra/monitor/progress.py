@@ -14,6 +14,18 @@ if TYPE_CHECKING:
     from vatra.engine import Trainer
 
 
+HEADLINES = ("val_accuracy", "val_ndcg@", "val_r2", "val_perplexity", "val_loss")
+
+
+def headline(metrics: dict[str, Any]) -> tuple[str, float] | None:
+    """The one validation figure to show for the task: accuracy, NDCG, R², perplexity, else the loss."""
+    for prefix in HEADLINES:
+        for key, value in metrics.items():
+            if key.startswith(prefix) and isinstance(value, int | float):
+                return key.removeprefix("val_"), float(value)
+    return None
+
+
 def _fmt_eta(seconds: float) -> str:
     seconds = int(max(0, seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -58,7 +70,8 @@ class ProgressDisplay(Plugin):
         if not trainer.dist.is_main or self.mode == "off":
             return
         step, total = metrics["step"], trainer.cfg.train.steps
-        val = f"val_acc {metrics['val_accuracy']:.3f}" if "val_accuracy" in metrics else None
+        shown = headline(metrics)
+        val = f"val_{shown[0]} {shown[1]:.3f}" if shown else None
         if self.bar is not None:
             fields: dict[str, Any] = {"loss": metrics["loss"], "sps": metrics["samples_per_s"]}
             if val:
@@ -81,11 +94,11 @@ class ProgressDisplay(Plugin):
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         self._stop()
         if trainer.dist.is_main and self.mode != "off":
-            acc = summary.get("val_accuracy")
-            acc_s = f"{acc:.4f}" if acc is not None else "n/a"
+            shown = headline(summary)
+            val = f"val {shown[0]} {shown[1]:.4f}" if shown else "no validation"
             print(
                 f"done: {summary['steps']} steps, final loss {summary['final_loss']:.4f}, "
-                f"val accuracy {acc_s}, {summary['samples_per_s']:.0f} samples/s, {summary['wall_s']:.1f} s",
+                f"{val}, {summary['samples_per_s']:.0f} samples/s, {summary['wall_s']:.1f} s",
                 flush=True,
             )
 

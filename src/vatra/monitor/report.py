@@ -26,6 +26,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from vatra.errors import ConfigError
+from vatra.monitor.progress import headline
 from vatra.rundir import read_jsonl
 
 MAX_EVENT_ROWS = 300
@@ -287,8 +288,9 @@ def write_report(
     for e in events:
         counts[_event_kind(e)] = counts.get(_event_kind(e), 0) + 1
     cards: list[tuple[str, object]] = [(f"{x}s", len(rows)), *sorted(counts.items())]
-    if summary and isinstance(summary.get("val_accuracy"), float):
-        cards.insert(0, ("val accuracy", f"{summary['val_accuracy']:.4f}"))
+    shown = headline(summary) if summary else None
+    if shown:
+        cards.insert(0, (f"val {shown[0]}", f"{shown[1]:.4f}"))
     card_html = "".join(
         f"<div class='card'>{html.escape(str(k))}<b>{html.escape(str(v))}</b></div>" for k, v in cards
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 import fsspec
 
+from vatra._extras import MissingExtra
 from vatra.resilience._base import StoreBackend, StoreError
 
 
@@ -19,7 +20,15 @@ class FsspecBackend(StoreBackend):
         self.url = url.rstrip("/")
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **(options or {}))
-        except (ImportError, ValueError, TypeError) as err:
+        except ImportError as err:
+            scheme = self.url.split("://", 1)[0]
+            if scheme in ("s3", "s3a"):
+                raise MissingExtra(
+                    f"store.url {url!r} needs the package 's3fs', which is not installed: "
+                    "pip install 'vatra[s3]'"
+                ) from None
+            raise StoreError(f"store.url {url!r}: {err}") from None
+        except (ValueError, TypeError) as err:
             raise StoreError(f"store.url {url!r}: {err}") from None
         self.local = "file" in (
             self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)

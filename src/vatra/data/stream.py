@@ -1,0 +1,511 @@
+"""Streaming Parquet (``data.streaming = true``): batches read row group by row group, never the whole table.
+
+Units are Parquet row groups, numbered across all files in sorted file order. Of the
+``readers = world_size × max(workers, 1)`` readers, reader ``r`` owns the row groups ``g`` with
+``g % readers == r``. In epoch ``e`` a reader visits its row groups in the order
+``default_rng([seed, e, r]).permutation`` and the rows of row group ``g`` in the order
+``default_rng([seed, e, g]).permutation`` (file order without shuffling), and fills every batch
+across row-group (and, for endless streams, epoch) boundaries.
+
+A reader's position is ``{"slot": s, "epoch": e, "index": i, "row": j, "left": b}``: the next row
+it reads is row ``j`` (in that row group's visiting order, among the rows of this split) of the
+``i``-th row group of epoch ``e``'s order, and ``b`` batches of the block it was sending are still
+due. Positions are always settled: ``j`` is inside the row group, and an endless stream's position
+past its last row group is the start of the next epoch.
+
+Validation rows are ``data.split_column == "val"`` or those whose splitmix64 hash of
+``(seed, global row index)`` falls below ``data.val_fraction``; the preprocessing is fitted by one
+pass over the training rows on rank 0 (:mod:`vatra.data.preprocess`), broadcast, and saved.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from vatra.config import DataConfig
+from vatra.data._base import DataContext, Datasets, StreamDataset
+from vatra.data.preprocess import (
+    Fields,
+    Fitter,
+    Preprocess,
+    arrow,
+    check_missing,
+    load_or_fit,
+    missing_error,
+    on_rank0,
+)
+from vatra.data.table import PARQUET, Plan, split_values, table_spec
+from vatra.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+# Row groups read and preprocessed ahead, each by its own thread: preprocessing costs about as much
+# CPU as pyarrow's decoding, so overlapping them helps where a core is free. Loader workers share
+# the cores among themselves, so each runs fewer threads.
+def _ahead() -> int:
+    cores, info = os.cpu_count() or 2, get_worker_info()
+    if info is None:
+        return max(2, min(4, cores // 2))
+    return max(1, min(4, cores // (2 * info.num_workers)))
+
+
+_BLOCK_ROWS = 65_536  # rows per item a loader worker sends (see ParquetStream._read)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, elementwise and in place on uint64 (wrapping arithmetic)."""
+    t = np.empty_like(z)
+    with np.errstate(over="ignore"):
+        for shift, mul in ((30, _MIX1), (27, _MIX2)):
+            np.right_shift(z, np.uint64(shift), out=t)
+            z ^= t
+            z *= mul
+        np.right_shift(z, np.uint64(31), out=t)
+        z ^= t
+    return z
+
+
+def hashed_val(seed: int, start: int, n: int, fraction: float) -> np.ndarray:
+    """Whether each global row ``start .. start + n - 1`` is a validation row: the top 53 bits of a
+    splitmix64 hash of (seed, row index), read as a number in [0, 1), fall below ``fraction``."""
+    key = _splitmix64(np.array([seed % 2**64], dtype=np.uint64))
+    z = np.arange(start, start + n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z *= _GOLDEN
+        z += key
+    z = _splitmix64(z)
+    z >>= np.uint64(11)
+    return z < np.uint64(int(fraction * 2**53))
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """Which rows are validation rows: a split column, or the hashed share ``fraction``."""
+
+    column: str
+    fraction: float
+    seed: int
+
+    def val_rows(self, table: pa.Table | None, start: int, n: int) -> np.ndarray:
+        if self.column:
+            assert table is not None
+            return split_values(table.column(self.column))
+        return hashed_val(self.seed, start, n, self.fraction)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    pa = arrow()
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _layout(files: list[str]) -> np.ndarray:
+    """(G, 4) int64: file index, row group in the file, rows, global index of its first row."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for i, f in enumerate(files):
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except (OSError, arrow().ArrowInvalid) as err:
+            raise ConfigError(f"data.path: cannot read {f}: {err}") from None
+        rows += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+    out = np.zeros((len(rows), 4), dtype=np.int64)
+    if rows:
+        out[:, :3] = rows
+        out[:, 3] = np.cumsum(out[:, 2]) - out[:, 2]
+    return out
+
+
+class ParquetStream(StreamDataset):
+    """Batches of one split (train or val) of Parquet files, read row group by row group.
+
+    Picklable: the Parquet files are opened inside ``__iter__`` (in the loader worker), never here.
+    """
+
+    def __init__(
+        self,
+        files: list[str],
+        groups: np.ndarray,
+        counts: np.ndarray,
+        preprocess: Preprocess,
+        plan: Plan,
+        *,
+        split: str,
+        rule: SplitRule,
+        nan: str,
+    ) -> None:
+        self.files = files
+        self.groups = groups  # (G, 4): file, row group, rows, first global row
+        self.counts = counts  # (G,): rows of this split in each row group
+        self.preprocess = preprocess
+        self.plan = plan
+        self.split = split
+        self.rule = rule
+        self.nan = nan
+        self._setup: dict[str, Any] | None = None
+        self._rows_of: dict[int, np.ndarray] = {}  # row group -> its rows of this split (computed once)
+        self._positions: dict[int, tuple[int, int, int]] = {}
+        self._left: dict[int, int] = {}  # batches still due in a slot's block (resume)
+        self._rotate = 0
+
+    # -- the StreamDataset protocol ----------------------------------------------------------
+
+    def configure(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        workers: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        endless: bool,
+    ) -> None:
+        slots = max(workers, 1)
+        readers = world_size * slots
+        if len(self.groups) < readers:
+            raise ConfigError(
+                f"data.streaming: {len(self.groups)} Parquet row groups cannot feed {readers} readers "
+                f"({world_size} ranks × {slots} loader workers); write smaller row groups or use fewer "
+                "ranks or data.workers"
+            )
+        self._setup = {
+            "rank": rank,
+            "slots": slots,
+            "readers": readers,
+            "batch_size": batch_size,
+            "seed": seed,
+            "shuffle": shuffle,
+            "endless": endless,
+        }
+        self._positions, self._left, self._rotate = {}, {}, 0
+        if endless:
+            empty = [s for s in range(slots) if not self.counts[self._owned(s)].sum()]
+            if empty:
+                raise ConfigError(
+                    f"data.streaming: rank {rank}'s reader {empty[0]} has no {self.split} rows in its row "
+                    "groups; write smaller row groups or use fewer ranks or data.workers"
+                )
+
+    def resume(self, positions: Mapping[int, dict[str, Any]], rotate: int) -> None:
+        self._positions = {
+            int(s): (int(p["epoch"]), int(p["index"]), int(p["row"])) for s, p in positions.items()
+        }
+        self._left = {int(s): int(p.get("left", 0)) for s, p in positions.items()}
+        self._rotate = int(rotate)
+
+    def rows_per_epoch(self) -> int:
+        setup = self._configured()
+        return int(sum(self.counts[self._owned(s)].sum() for s in range(setup["slots"])))
+
+    def __iter__(self) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+        setup = self._configured()
+        info = get_worker_info()
+        if info is not None and info.num_workers != setup["slots"]:
+            raise ConfigError(
+                f"data.workers: the stream was configured for {setup['slots']} loader workers but the "
+                f"DataLoader runs {info.num_workers}"
+            )
+        if info is None:
+            return self._round_robin(setup["slots"])
+        return self._read((info.id + self._rotate) % setup["slots"])
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _round_robin(self, slots: int) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+        """Read in the trainer's process: every slot, served in turn the way the DataLoader serves
+        its workers (a finished slot drops out)."""
+        readers = [self._read((p + self._rotate) % slots) for p in range(slots)]
+        while readers:
+            for reader in list(readers):
+                try:
+                    yield next(reader)
+                except StopIteration:
+                    readers.remove(reader)
+
+    def _configured(self) -> dict[str, Any]:
+        if self._setup is None:
+            raise RuntimeError("ParquetStream: call configure() before reading or counting")
+        return self._setup
+
+    def _owned(self, slot: int) -> np.ndarray:
+        """The row groups of this rank's logical ``slot``."""
+        setup = self._configured()
+        return np.arange(setup["rank"] * setup["slots"] + slot, len(self.groups), setup["readers"])
+
+    def _order(self, slot: int, epoch: int) -> np.ndarray:
+        setup, owned = self._configured(), self._owned(slot)
+        if not setup["shuffle"]:
+            return owned
+        reader = setup["rank"] * setup["slots"] + slot
+        return np.random.default_rng([setup["seed"], epoch, reader]).permutation(owned)
+
+    def _settle(
+        self, slot: int, at: tuple[int, int, int], order: np.ndarray
+    ) -> tuple[tuple[int, int, int], np.ndarray]:
+        """The position ``at`` moved past exhausted row groups; an endless stream rolls into the next
+        epoch (and its order). Past the end of a finite stream, ``index == len(order)``."""
+        epoch, index, row = at
+        while True:
+            while index < len(order) and row >= self.counts[order[index]]:
+                index, row = index + 1, 0
+            if index < len(order) or not self._configured()["endless"]:
+                return (epoch, index, row), order
+            epoch, index, row = epoch + 1, 0, 0
+            order = self._order(slot, epoch)
+
+    def _upcoming(self, slot: int, at: tuple[int, int, int]) -> Iterator[tuple[int, int]]:
+        """(epoch, row group) of every row group still to visit from position ``at``, in order."""
+        (epoch, index, _), order = self._settle(slot, at, self._order(slot, at[0]))
+        while index < len(order):
+            yield epoch, int(order[index])
+            (epoch, index, _), order = self._settle(slot, (epoch, index + 1, 0), order)
+
+    def _read(self, slot: int) -> Iterator[tuple[Any, Any, list[dict[str, Any]]]]:
+        """Blocks of consecutive batches of ``slot``: one batch per item in the trainer's process; in
+        a loader worker about a row group's rows per item, at most ``_BLOCK_ROWS`` (each item
+        crossing to the trainer's process costs about a millisecond however small it is)."""
+        setup = self._configured()
+        rows = min(_BLOCK_ROWS, int(np.median(self.counts))) if len(self.counts) else 0
+        k = 1 if get_worker_info() is None else max(1, rows // setup["batch_size"])
+        size = self._left.get(slot) or k  # a block a checkpoint cut short is finished first
+        block: list[tuple[Fields, tuple[int, int, int]]] = []
+        for fields, at in self._batches(slot):
+            block.append((fields, at))
+            if len(block) == size:
+                yield self._emit(slot, block, size)
+                block, size = [], k
+        if block:  # the end of a finite stream
+            yield self._emit(slot, block, len(block))
+
+    def _emit(
+        self, slot: int, block: list[tuple[Fields, tuple[int, int, int]]], size: int
+    ) -> tuple[Any, Any, list[dict[str, Any]]]:
+        fields = (
+            block[0][0]
+            if len(block) == 1
+            else {k: np.concatenate([f[k] for f, _ in block]) for k in block[0][0]}
+        )
+        inputs, target = self.preprocess.pack({k: torch.from_numpy(v) for k, v in fields.items()})
+        positions = [
+            {"slot": slot, "epoch": e, "index": i, "row": r, "left": size - 1 - n}
+            for n, (_, (e, i, r)) in enumerate(block)
+        ]
+        return inputs, target, positions
+
+    def _batches(self, slot: int) -> Iterator[tuple[Fields, tuple[int, int, int]]]:
+        """This slot's batches (numpy fields) and the position after each."""
+        setup = self._configured()
+        at = self._positions.get(slot, (0, 0, 0))
+        at, order = self._settle(slot, at, self._order(slot, at[0]))
+        # Threads read, shuffle and preprocess the next row groups into recycled buffers (pyarrow
+        # and numpy release the GIL); this generator only copies batches out of finished ones.
+        # Each thread opens its own files.
+        threads = _ahead()
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vatra-parquet")
+        local = threading.local()
+        buffers = _Buffers()
+        upcoming = self._upcoming(slot, at)
+        ahead: deque[tuple[tuple[int, int], Future[Fields]]] = deque()
+        current: tuple[int, int] | None = None
+        group: Fields = {}
+        try:
+            while True:
+                pieces: list[tuple[Fields, int, int]] = []  # (row group's fields, first row, end)
+                done: list[Fields] = []  # row groups this batch finishes with
+                need = setup["batch_size"]
+                while need and at[1] < len(order):
+                    epoch, index, row = at
+                    g = int(order[index])
+                    if current != (epoch, g):
+                        for key in itertools.islice(upcoming, threads - len(ahead)):
+                            ahead.append((key, pool.submit(self._load, key[1], key[0], local, buffers)))
+                        key, job = ahead.popleft()
+                        assert key == (epoch, g), (key, epoch, g)
+                        done.append(group)  # released once this batch is copied out
+                        group, current = job.result(), key
+                    take = min(need, int(self.counts[g]) - row)
+                    pieces.append((group, row, row + take))
+                    need -= take
+                    at, order = self._settle(slot, (epoch, index, row + take), order)
+                if not pieces:
+                    return
+                # a fresh copy per field: the batch owns its memory, the buffers are reused
+                if len(pieces) == 1:
+                    f, a, b = pieces[0]
+                    fields = {k: v[a:b].copy() for k, v in f.items()}
+                else:
+                    fields = {k: np.concatenate([f[k][a:b] for f, a, b in pieces]) for k in pieces[0][0]}
+                while done:
+                    buffers.release(done.pop())
+                for v in fields.values():  # NaN propagates through max: one cheap pass per field
+                    if v.dtype.kind == "f" and v.size and np.isnan(v.max()):
+                        raise ConfigError(
+                            f"data.nan: reader {slot} met missing values (NaN) in epoch {at[0]} that the "
+                            "fitted preprocessing did not see (has the data changed?); set data.nan = "
+                            "'drop' or 'mean'"
+                        )
+                yield fields, at
+                if need:
+                    return
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _rows(self, table: pa.Table, g: int) -> np.ndarray:
+        """Rows of row group ``g`` in this split (missing values dropped or refused), in file order;
+        worked out on the first visit and kept (the file must not change during a run)."""
+        if g in self._rows_of:
+            return self._rows_of[g]
+        n = int(self.groups[g, 2])
+        keep = self.rule.val_rows(table, int(self.groups[g, 3]), n) == (self.split == "val")
+        if self.nan == "drop":
+            drop, _ = check_missing(table, self.plan, self.nan)
+            if drop is not None:
+                keep &= ~drop
+        elif any(col.null_count for col in table.columns):  # O(1) per column; NaN is found in _load
+            _, missing = check_missing(table, self.plan, self.nan)
+            if missing:
+                raise missing_error(missing, n, self.plan, self.nan)
+        rows = np.flatnonzero(keep)  # intp: np.take converts any other index type on every call
+        if len(rows) == self.counts[g]:  # a mismatch is reported by the caller on every visit
+            self._rows_of[g] = rows
+        return rows
+
+    def _load(self, g: int, epoch: int, local: threading.local, buffers: _Buffers) -> Fields:
+        """The batch fields of row group ``g``'s rows of this split, in epoch ``epoch``'s visiting
+        order, in recycled buffers (the caller releases them)."""
+        import pyarrow.parquet as pq
+
+        f, rg = int(self.groups[g, 0]), int(self.groups[g, 1])
+        opened = local.__dict__.setdefault("files", {})
+        if f not in opened:
+            # string categories read as dictionaries: ids are looked up per distinct value
+            schema = pq.read_schema(self.files[f])
+            strings = [c for c in self.plan.categorical if _is_string(schema.field(c).type)]
+            opened[f] = pq.ParquetFile(self.files[f], read_dictionary=strings)
+        table = opened[f].read_row_group(rg, columns=self.plan.needed)
+        rows = self._rows(table, g)
+        if len(rows) != self.counts[g]:
+            raise ConfigError(
+                f"data.path: {self.files[f]} changed while training: row group {rg} has {len(rows)} "
+                f"{self.split} rows, {self.counts[g]} when the stream was built"
+            )
+        setup = self._configured()
+        if setup["shuffle"]:
+            rows = np.take(rows, np.random.default_rng([setup["seed"], epoch, g]).permutation(len(rows)))
+        num = buffers.get((table.num_rows, len(self.preprocess.features)), np.dtype(np.float32))
+        encoded = self.preprocess.encode(table, num_out=num)
+        gathered = self.preprocess.batch([(encoded, rows)], alloc=buffers.get)  # this split, in order
+        buffers.release(encoded)
+        return gathered
+
+
+class _Buffers:
+    """Recycled arrays for row groups' fields, shared by a reader's threads: a fresh multi-MB array
+    per row group costs more in page faults than the work done in it."""
+
+    def __init__(self) -> None:
+        self.free: list[np.ndarray] = []
+        self.lock = threading.Lock()
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        with self.lock:
+            for i, buf in enumerate(self.free):
+                if buf.shape[0] >= shape[0] and buf.shape[1:] == shape[1:] and buf.dtype == dtype:
+                    return self.free.pop(i)[: shape[0]]
+        return np.empty(shape, dtype=dtype)
+
+    def release(self, fields: Fields) -> None:
+        with self.lock:
+            for v in fields.values():
+                self.free.append(v.base if isinstance(v.base, np.ndarray) else v)
+
+
+def _scan(
+    files: list[str], groups: np.ndarray, plan: Plan, cfg: DataConfig, rule: SplitRule, fitter: Fitter | None
+) -> np.ndarray:
+    """One pass over the row groups: (G, 2) rows of train and val in each; feeds ``fitter`` the
+    training rows when given. Reads only the columns the split and ``data.nan`` need when not fitting."""
+    import pyarrow.parquet as pq
+
+    counts = np.zeros((len(groups), 2), dtype=np.int64)
+    if fitter is None:
+        columns = list(
+            dict.fromkeys([rule.column] * bool(rule.column) + (plan.needed if cfg.nan == "drop" else []))
+        )
+    else:
+        columns = plan.needed
+    missing: dict[str, int] = {}
+    opened: dict[int, Any] = {}
+    for g, (f, rg, n, start) in enumerate(groups.tolist()):
+        table = None
+        if columns:
+            if f not in opened:
+                opened[f] = pq.ParquetFile(files[f])
+            table = opened[f].read_row_group(rg, columns=columns)
+        val = rule.val_rows(table, start, n)
+        if fitter is not None or cfg.nan == "drop":
+            assert table is not None
+            drop, bad = check_missing(table, plan, cfg.nan)
+            for c, k in bad.items():
+                missing[c] = missing.get(c, 0) + k
+            if drop is not None:
+                table, val = table.filter(arrow().array(~drop)), val[~drop]
+            if fitter is not None and not missing:
+                fitter.update(table, ~val)
+        counts[g] = (int((~val).sum()), int(val.sum()))
+    if missing:
+        raise missing_error(missing, int(groups[:, 2].sum()), plan, cfg.nan)
+    return counts
+
+
+def build_stream(cfg: DataConfig, ctx: DataContext, files: list[str], plan: Plan) -> Datasets:
+    """Train and val :class:`ParquetStream` of the Parquet ``files`` (one fitting pass on rank 0)."""
+    if plan.group:
+        raise ConfigError(
+            "data.streaming: ranking lists (data.group) cannot be streamed; set data.streaming = false"
+        )
+    csv = [f for f in files if not f.lower().endswith(PARQUET)]
+    if csv:
+        raise ConfigError(
+            f"data.streaming reads Parquet only, and {csv[0]} is CSV; convert it to Parquet "
+            "(pyarrow.parquet.write_table(pyarrow.csv.read_csv(path), out, row_group_size=...))"
+        )
+    groups = _layout(files)
+    rule = SplitRule(cfg.split_column, cfg.val_fraction, ctx.seed)
+
+    def fit_and_count() -> tuple[Preprocess, np.ndarray]:
+        scanned: list[np.ndarray] = []
+
+        def fit() -> Preprocess:
+            fitter = Fitter(plan, cfg)
+            scanned.append(_scan(files, groups, plan, cfg, rule, fitter))
+            return fitter.result()
+
+        pre, reused = load_or_fit(ctx, plan, cfg, fit)
+        return pre, _scan(files, groups, plan, cfg, rule, None) if reused else scanned[0]
+
+    pre, counts = on_rank0(ctx, fit_and_count)
+    if not counts[:, 0].sum():
+        raise ConfigError(f"data.path: no training rows in {len(files)} Parquet file(s)")
+    streams = [
+        ParquetStream(files, groups, counts[:, i].copy(), pre, plan, split=split, rule=rule, nan=cfg.nan)
+        for i, split in enumerate(("train", "val"))
+    ]
+    return Datasets(streams[0], streams[1] if counts[:, 1].sum() else None, table_spec(pre))
