@@ -157,12 +157,23 @@ def worker(ctx: DistContext, path: str, steps: int, reps: int, workers: int, tmp
         ctx.barrier()
         order = names[rep % 2 :] + names[: rep % 2]  # rotate who goes first
         sps = {name: loops[name](run_dir) for name in order}
-        rows.append({"rep": rep, **{f"{k}_samples_per_s": v for k, v in sps.items()}, "ratio": sps["vatra"] / sps["plain"]})
-    return {"rows": rows, "params": sum(p.numel() for p in ResidualMLP(FEATURES, CLASSES, WIDTH).parameters())}
+        rows.append(
+            {
+                "rep": rep,
+                **{f"{k}_samples_per_s": v for k, v in sps.items()},
+                "ratio": sps["vatra"] / sps["plain"],
+            }
+        )
+    return {
+        "rows": rows,
+        "params": sum(p.numel() for p in ResidualMLP(FEATURES, CLASSES, WIDTH).parameters()),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--reps", type=int, default=7)

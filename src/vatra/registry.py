@@ -151,7 +151,7 @@ class Registry:
         obj = self.load(value, key)
         if not callable(obj):
             raise ConfigError(f"{key or self.key}: {value!r} is {describe(obj)}, not a callable")
-        return obj  # type: ignore[no-any-return]
+        return obj
 
     def load_class(self, value: str, base: type, key: str | None = None) -> type:
         obj = self.load(value, key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,9 @@ from vatra.cli.app import app
 from vatra.config import Config, dump_toml, load_config
 from vatra.errors import ConfigError, VatraError
 from vatra.rundir import RunDir, new_run_id
+
+if TYPE_CHECKING:
+    from vatra.launch import LaunchSpec
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
 
@@ -63,7 +66,7 @@ def _launch_spec(
     node_rank: int | None,
     local_addr: str | None,
     max_restarts: int,
-):  # type: ignore[no-untyped-def]
+) -> LaunchSpec:
     """torchrun's flags as a LaunchSpec, checked before anything is written."""
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc}: must be ≥ 1 (worker processes on this node)")
@@ -100,6 +103,8 @@ def train(
     """Train a model on N local processes (or many nodes) through torch.distributed's elastic agent."""
     cfg = load_config(config, set_)
     if nproc is not None:
+        if nproc < 1:
+            raise ConfigError(f"--nproc {nproc}: must be ≥ 1 (worker processes on this node)")
         cfg.dist.nproc = nproc
     spec = _launch_spec(
         cfg.dist.nproc, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts

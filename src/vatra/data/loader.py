@@ -43,7 +43,7 @@ class _BatchView(torch.utils.data.Dataset[Batch]):
     def __init__(self, dataset: BatchedDataset) -> None:
         self.dataset = dataset
 
-    def __getitem__(self, idx: np.ndarray) -> Batch:  # type: ignore[override]
+    def __getitem__(self, idx: np.ndarray) -> Batch:
         return self.dataset.get_batch(idx)
 
     def __len__(self) -> int:

@@ -214,7 +214,7 @@ class ParquetStream(StreamDataset):
         setup = self._configured()
         return int(sum(self.counts[self._owned(s)].sum() for s in range(setup["slots"])))
 
-    def __iter__(self) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[Any, Any, list[dict[str, Any]]]]:
         setup = self._configured()
         info = get_worker_info()
         if info is not None and info.num_workers != setup["slots"]:
@@ -228,7 +228,7 @@ class ParquetStream(StreamDataset):
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _round_robin(self, slots: int) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    def _round_robin(self, slots: int) -> Iterator[tuple[Any, Any, list[dict[str, Any]]]]:
         """Read in the trainer's process: every slot, served in turn the way the DataLoader serves
         its workers (a finished slot drops out)."""
         readers = [self._read((p + self._rotate) % slots) for p in range(slots)]

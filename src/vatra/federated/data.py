@@ -98,10 +98,13 @@ def build_federation(cfg: Config) -> Federation:
     fed = cfg.federated
     data_cfg: DataConfig = cfg.data
     train, val, spec = build_dataset(data_cfg, cfg.run.seed)
-    if spec.kind != "classification" or train.y is None or val.y is None:
+    if not (isinstance(train, Split) and isinstance(val, Split)) or spec.kind != "classification":
         raise ConfigError(
-            "data.name: federated learning here needs a classification dataset (digits, synthetic)"
+            "data.name: federated simulation here needs an in-memory classification dataset "
+            "(digits, synthetic, npz)"
         )
+    if train.y is None or val.y is None:
+        raise ConfigError("data.name: federated learning needs labelled data")
     shards = client_shards(len(train), train.labels, fed.clients, fed.partition, cfg.run.seed)
     names = fed.partition.feature_shift or ["identity"]
     shifts = [names[c % len(names)] for c in range(fed.clients)]

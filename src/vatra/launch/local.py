@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -113,8 +114,7 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
     if spec.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
         # Like torchrun: N processes each using every core would oversubscribe the CPU.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc))
-    # vatra reports a failed worker itself (one line, and the agent's record in events.jsonl)
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     if spec.max_restarts > 0:
         # The agent's shared TCPStore outlives a restart, and the new group would read the dead
         # group's gloo addresses from it (hang, or "connection refused"): a fresh store per attempt.
@@ -125,6 +125,11 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
     try:
         with record_worker_failures(run_dir, rank_offset):
             elastic_launch(config, sys.executable)(*python_args)
+    except SignalException as err:  # the launcher was told to stop (a spot machine's SIGTERM)
+        said = run_dir.take_errors() if run_dir is not None else []
+        if said:  # the workers' own account: "SIGTERM at step N: saved checkpoint ..."
+            raise WorkerFailure(said[0]["message"], int(said[0]["exit_code"])) from None
+        raise WorkerFailure(f"stopped by {err.sigval.name}", 128 + int(err.sigval)) from None
     except ChildFailedError as err:
         codes = {rank: failure.exitcode for rank, failure in err.failures.items()}
         exit_code = 2 if 2 in codes.values() else 1

@@ -21,7 +21,7 @@ def build_model(cfg: ModelConfig, spec: DatasetSpec, heads: Mapping[str, int] | 
     fn = MODELS.load_callable(cfg.name)
     if MODELS.is_builtin(cfg.name):
         if cfg.name == "mlp":
-            return fn(cfg, spec, heads)  # type: ignore[no-any-return]
-        return fn(cfg, spec)  # type: ignore[no-any-return]
+            return fn(cfg, spec, heads)
+        return fn(cfg, spec)
     model = call_with(fn, dict(cfg.kwargs), {"spec": spec}, "model.kwargs")
-    return check_returned(model, nn.Module, cfg.name, "model.name", "a torch.nn.Module")  # type: ignore[no-any-return]
+    return check_returned(model, nn.Module, cfg.name, "model.name", "a torch.nn.Module")

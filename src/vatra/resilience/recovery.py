@@ -116,10 +116,12 @@ def record_worker_failures(run_dir: RunDir | None, rank_offset: int = 0) -> Iter
     logger = logging.getLogger(_AGENT_LOGGER)
     handler = _FailureRecorder(run_dir, rank_offset)
     logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False  # recorded here; vatra prints its own line
     try:
         yield
     finally:
         logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def previous_attempts(events: list[dict[str, Any]]) -> int:
