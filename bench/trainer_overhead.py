@@ -1,6 +1,6 @@
 """vatra's Trainer vs a hand-written DDP loop: a user's model on a Parquet table, same DataLoader.
 
-    python bench/trainer_overhead.py [--world 2] [--steps 300] [--reps 7] [--rows 100000] [--workers 0]
+    python bench/trainer_overhead.py [--world 2] [--steps 1000] [--reps 7] [--rows 100000] [--workers 0]
 
 The table (``--rows`` × 32 float features, 10 classes) is written once and read by vatra's
 ``table`` source on every rank, so both loops train on the same standardised ``TableDataset``.
@@ -175,7 +175,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank (both loops)")

@@ -258,3 +258,11 @@ def test_sampler_rejects_state_from_another_shard_or_seed() -> None:
         ShardSampler(np.arange(9), 4, seed=0).load_state_dict(state)
     with pytest.raises(ValueError, match="saved with seed 0 but this sampler uses 1"):
         ShardSampler(np.arange(10), 4, seed=1).load_state_dict(state)
+
+
+def test_sampler_advance_moves_exactly_like_next_batch() -> None:
+    a, b = ShardSampler(np.arange(10), 4, seed=1), ShardSampler(np.arange(10), 4, seed=1)
+    for _ in range(7):  # crosses epoch boundaries mid-batch and exactly
+        a.next_batch()
+        b.advance()
+        assert a.state_dict() == b.state_dict()

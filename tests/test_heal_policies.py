@@ -135,3 +135,20 @@ def test_prefetch_needs_two_data_bound_windows_in_a_row() -> None:
     assert policy.on_step_end(trainer, verdict(0.9)) is None
     action = policy.on_step_end(trainer, verdict(0.9))
     assert action is not None and action.kind == "prefetch" and action.evidence["depth"] == 1
+
+
+def test_rollback_judges_a_loss_below_zero_by_its_spread() -> None:
+    # A multitask loss with learned weights sits below zero: factor × baseline means nothing there.
+    from types import SimpleNamespace
+
+    from vatra.resilience.heal.rollback import Rollback
+
+    policy = Rollback(small_config())
+    trainer = SimpleNamespace(state=SimpleNamespace(checkpointer=object(), step=0))
+    rng = np.random.default_rng(0)
+    noisy = list(-0.05 + 0.03 * rng.standard_normal(200))  # healthy, fluctuating around -0.05
+    verdict = SimpleNamespace(steps=list(range(200)), loss=noisy, alarms=0)
+    assert policy.on_step_end(trainer, verdict) is None  # type: ignore[arg-type]
+    risen = SimpleNamespace(steps=list(range(200, 206)), loss=[1.5] * 6, alarms=0)
+    action = policy.on_step_end(trainer, risen)  # type: ignore[arg-type]
+    assert action is not None and action.reason == "loss diverged"

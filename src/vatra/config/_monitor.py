@@ -88,7 +88,10 @@ class HealConfig(Section):
         5, ge=1, description="rollback: consecutive steps of loss above the divergence bound that roll back."
     )
     divergence_factor: float = Field(
-        3.0, gt=1.0, description="rollback: loss above factor × its healthy baseline counts as diverging."
+        3.0,
+        gt=1.0,
+        description="rollback: loss above factor × its healthy baseline counts as diverging (for a loss "
+        "near or below zero: above the baseline by (factor - 1) × 3 × its typical change).",
     )
     snapshot_every: int = Field(
         25, ge=1, description="rollback: steps between in-memory last-good snapshots (no checkpoint plugin)."

@@ -269,7 +269,7 @@ class MapBatches(Batches):
         return torch.utils.data.default_collate([self.dataset[int(i)] for i in idx])
 
     def _consume(self, item: Any) -> Batch:
-        self.sampler.next_batch()  # the consumed position: what a checkpoint saves
+        self.sampler.advance()  # the consumed position: what a checkpoint saves
         return _pair(item)
 
     def state_dict(self) -> dict[str, Any]:

@@ -57,6 +57,11 @@ class ShardSampler:
                 self.position = 0
         return np.concatenate(parts)
 
+    def advance(self) -> None:
+        """Move past one batch without producing its indices (a loader that read ahead consumed it)."""
+        size = len(self.indices)
+        self.epoch, self.position = divmod(self.epoch * size + self.position + self.batch_size, size)
+
     def remaining_in_epoch(self) -> np.ndarray:
         """The indices this epoch still has to yield, in order."""
         return self.indices[self._epoch_order()[self.position :]]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -62,7 +63,6 @@ def _ahead() -> int:
     return max(1, min(4, cores // (2 * info.num_workers)))
 
 
-_BLOCK_ROWS = 65_536  # rows per item a loader worker sends (see ParquetStream._read)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -161,7 +161,6 @@ class ParquetStream(StreamDataset):
         self._setup: dict[str, Any] | None = None
         self._rows_of: dict[int, np.ndarray] = {}  # row group -> its rows of this split (computed once)
         self._positions: dict[int, tuple[int, int, int]] = {}
-        self._left: dict[int, int] = {}  # batches still due in a slot's block (resume)
         self._rotate = 0
 
     # -- the StreamDataset protocol ----------------------------------------------------------
@@ -194,7 +193,7 @@ class ParquetStream(StreamDataset):
             "shuffle": shuffle,
             "endless": endless,
         }
-        self._positions, self._left, self._rotate = {}, {}, 0
+        self._positions, self._rotate = {}, 0
         if endless:
             empty = [s for s in range(slots) if not self.counts[self._owned(s)].sum()]
             if empty:
@@ -207,7 +206,6 @@ class ParquetStream(StreamDataset):
         self._positions = {
             int(s): (int(p["epoch"]), int(p["index"]), int(p["row"])) for s, p in positions.items()
         }
-        self._left = {int(s): int(p.get("left", 0)) for s, p in positions.items()}
         self._rotate = int(rotate)
 
     def rows_per_epoch(self) -> int:
@@ -278,94 +276,84 @@ class ParquetStream(StreamDataset):
             (epoch, index, _), order = self._settle(slot, (epoch, index + 1, 0), order)
 
     def _read(self, slot: int) -> Iterator[tuple[Any, Any, list[dict[str, Any]]]]:
-        """Blocks of consecutive batches of ``slot``: one batch per item in the trainer's process; in
-        a loader worker about a row group's rows per item, at most ``_BLOCK_ROWS`` (each item
-        crossing to the trainer's process costs about a millisecond however small it is)."""
-        setup = self._configured()
-        rows = min(_BLOCK_ROWS, int(np.median(self.counts))) if len(self.counts) else 0
-        k = 1 if get_worker_info() is None else max(1, rows // setup["batch_size"])
-        size = self._left.get(slot) or k  # a block a checkpoint cut short is finished first
-        block: list[tuple[Fields, tuple[int, int, int]]] = []
-        for fields, at in self._batches(slot):
-            block.append((fields, at))
-            if len(block) == size:
-                yield self._emit(slot, block, size)
-                block, size = [], k
-        if block:  # the end of a finite stream
-            yield self._emit(slot, block, len(block))
+        """This slot's batches as blocks: per row group, the batch that began in earlier row groups
+        and ends in this one (a block of its own), then every batch that lies inside it (one
+        block, views of the row group's rows: no copy). A block is thus a function of the data
+        position alone, so a resumed slot cuts the same blocks; and each item crossing to the
+        trainer's process from a loader worker costs about a millisecond however small it is."""
+        for fields, ends in self._blocks(slot):
+            inputs, target = self.preprocess.pack({k: torch.from_numpy(v) for k, v in fields.items()})
+            positions = [
+                {"slot": slot, "epoch": e, "index": i, "row": r, "left": len(ends) - 1 - n}
+                for n, (e, i, r) in enumerate(ends)
+            ]
+            yield inputs, target, positions
 
-    def _emit(
-        self, slot: int, block: list[tuple[Fields, tuple[int, int, int]]], size: int
-    ) -> tuple[Any, Any, list[dict[str, Any]]]:
-        fields = (
-            block[0][0]
-            if len(block) == 1
-            else {k: np.concatenate([f[k] for f, _ in block]) for k in block[0][0]}
-        )
-        inputs, target = self.preprocess.pack({k: torch.from_numpy(v) for k, v in fields.items()})
-        positions = [
-            {"slot": slot, "epoch": e, "index": i, "row": r, "left": size - 1 - n}
-            for n, (_, (e, i, r)) in enumerate(block)
-        ]
-        return inputs, target, positions
-
-    def _batches(self, slot: int) -> Iterator[tuple[Fields, tuple[int, int, int]]]:
-        """This slot's batches (numpy fields) and the position after each."""
+    def _blocks(self, slot: int) -> Iterator[tuple[Fields, list[tuple[int, int, int]]]]:
+        """(numpy fields of one or more whole batches, the position after each batch)."""
         setup = self._configured()
+        size = setup["batch_size"]
         at = self._positions.get(slot, (0, 0, 0))
         at, order = self._settle(slot, at, self._order(slot, at[0]))
-        # Threads read, shuffle and preprocess the next row groups into recycled buffers (pyarrow
-        # and numpy release the GIL); this generator only copies batches out of finished ones.
-        # Each thread opens its own files.
+        # Threads read, shuffle and preprocess the next row groups (pyarrow and numpy release the
+        # GIL); this generator only slices batches out of finished ones. Each thread opens its own
+        # files.
         threads = _ahead()
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vatra-parquet")
         local = threading.local()
         buffers = _Buffers()
         upcoming = self._upcoming(slot, at)
         ahead: deque[tuple[tuple[int, int], Future[Fields]]] = deque()
-        current: tuple[int, int] | None = None
-        group: Fields = {}
+        carry: list[Fields] = []  # rows of a batch begun in earlier row groups
+        carried = 0
         try:
-            while True:
-                pieces: list[tuple[Fields, int, int]] = []  # (row group's fields, first row, end)
-                done: list[Fields] = []  # row groups this batch finishes with
-                need = setup["batch_size"]
-                while need and at[1] < len(order):
-                    epoch, index, row = at
-                    g = int(order[index])
-                    if current != (epoch, g):
-                        for key in itertools.islice(upcoming, threads - len(ahead)):
-                            ahead.append((key, pool.submit(self._load, key[1], key[0], local, buffers)))
-                        key, job = ahead.popleft()
-                        assert key == (epoch, g), (key, epoch, g)
-                        done.append(group)  # released once this batch is copied out
-                        group, current = job.result(), key
-                    take = min(need, int(self.counts[g]) - row)
-                    pieces.append((group, row, row + take))
-                    need -= take
-                    at, order = self._settle(slot, (epoch, index, row + take), order)
-                if not pieces:
-                    return
-                # a fresh copy per field: the batch owns its memory, the buffers are reused
-                if len(pieces) == 1:
-                    f, a, b = pieces[0]
-                    fields = {k: v[a:b].copy() for k, v in f.items()}
-                else:
-                    fields = {k: np.concatenate([f[k][a:b] for f, a, b in pieces]) for k in pieces[0][0]}
-                while done:
-                    buffers.release(done.pop())
-                for v in fields.values():  # NaN propagates through max: one cheap pass per field
-                    if v.dtype.kind == "f" and v.size and np.isnan(v.max()):
-                        raise ConfigError(
-                            f"data.nan: reader {slot} met missing values (NaN) in epoch {at[0]} that the "
-                            "fitted preprocessing did not see (has the data changed?); set data.nan = "
-                            "'drop' or 'mean'"
-                        )
-                yield fields, at
-                if need:
-                    return
+            while at[1] < len(order):
+                epoch, index, row = at
+                g = int(order[index])
+                for key in itertools.islice(upcoming, threads - len(ahead)):
+                    ahead.append((key, pool.submit(self._load, key[1], key[0], local, buffers)))
+                key, job = ahead.popleft()
+                assert key == (epoch, g), (key, epoch, g)
+                group, n = job.result(), int(self.counts[g])
+                if carried:  # finish the batch that began in earlier row groups
+                    take = min(size - carried, n - row)
+                    carry.append({k: v[row : row + take] for k, v in group.items()})
+                    carried, row = carried + take, row + take
+                    if carried == size:
+                        done = {k: np.concatenate([c[k] for c in carry]) for k in group}
+                        at, order = self._settle(slot, (epoch, index, row), order)
+                        yield self._checked(done, slot, epoch), [at]
+                        carry, carried = [], 0
+                full = (n - row) // size
+                if full:
+                    ends = []
+                    for j in range(1, full + 1):
+                        end, order = self._settle(slot, (epoch, index, row + j * size), order)
+                        ends.append(end)
+                    block = {k: v[row : row + full * size] for k, v in group.items()}
+                    yield self._checked(block, slot, epoch), ends
+                    row += full * size
+                if row < n:
+                    carry.append({k: v[row:n] for k, v in group.items()})
+                    carried += n - row
+                at, order = self._settle(slot, (epoch, index, n), order)
+            if carried:  # the end of a finite stream: one short batch
+                yield (
+                    self._checked({k: np.concatenate([c[k] for c in carry]) for k in carry[0]}, slot, at[0]),
+                    [at],
+                )
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    @staticmethod
+    def _checked(fields: Fields, slot: int, epoch: int) -> Fields:
+        for v in fields.values():  # NaN propagates through max: one cheap pass per field
+            if v.dtype.kind == "f" and v.size and np.isnan(v.max()):
+                raise ConfigError(
+                    f"data.nan: reader {slot} met missing values (NaN) in epoch {epoch} that the fitted "
+                    "preprocessing did not see (has the data changed?); set data.nan = 'drop' or 'mean'"
+                )
+        return fields
 
     def _rows(self, table: pa.Table, g: int) -> np.ndarray:
         """Rows of row group ``g`` in this split (missing values dropped or refused), in file order;
@@ -389,7 +377,7 @@ class ParquetStream(StreamDataset):
 
     def _load(self, g: int, epoch: int, local: threading.local, buffers: _Buffers) -> Fields:
         """The batch fields of row group ``g``'s rows of this split, in epoch ``epoch``'s visiting
-        order, in recycled buffers (the caller releases them)."""
+        order, in recycled arrays (batches are views of them: see :class:`_Buffers`)."""
         import pyarrow.parquet as pq
 
         f, rg = int(self.groups[g, 0]), int(self.groups[g, 1])
@@ -411,30 +399,32 @@ class ParquetStream(StreamDataset):
             rows = np.take(rows, np.random.default_rng([setup["seed"], epoch, g]).permutation(len(rows)))
         num = buffers.get((table.num_rows, len(self.preprocess.features)), np.dtype(np.float32))
         encoded = self.preprocess.encode(table, num_out=num)
-        gathered = self.preprocess.batch([(encoded, rows)], alloc=buffers.get)  # this split, in order
-        buffers.release(encoded)
-        return gathered
+        return self.preprocess.batch([(encoded, rows)], alloc=buffers.get)  # batches are views of it
 
 
 class _Buffers:
     """Recycled arrays for row groups' fields, shared by a reader's threads: a fresh multi-MB array
-    per row group costs more in page faults than the work done in it."""
+    per row group costs more in page faults than the work done in it.
+
+    ``get`` hands out an array no one refers to any more: batches are views of the gathered rows
+    (numpy views, and the tensors made from them, hold a reference to their base array), so an
+    array is free again once every batch cut from it is gone, whoever held on to them.
+    """
 
     def __init__(self) -> None:
-        self.free: list[np.ndarray] = []
+        self.arrays: list[np.ndarray] = []
         self.lock = threading.Lock()
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         with self.lock:
-            for i, buf in enumerate(self.free):
-                if buf.shape[0] >= shape[0] and buf.shape[1:] == shape[1:] and buf.dtype == dtype:
-                    return self.free.pop(i)[: shape[0]]
-        return np.empty(shape, dtype=dtype)
-
-    def release(self, fields: Fields) -> None:
-        with self.lock:
-            for v in fields.values():
-                self.free.append(v.base if isinstance(v.base, np.ndarray) else v)
+            for buf in self.arrays:
+                fits = buf.shape[0] >= shape[0] and buf.shape[1:] == shape[1:] and buf.dtype == dtype
+                # referred to by self.arrays, this loop and getrefcount's argument only: unused
+                if fits and sys.getrefcount(buf) <= 3:
+                    return buf[: shape[0]]
+            buf = np.empty(shape, dtype=dtype)
+            self.arrays.append(buf)
+            return buf
 
 
 def _scan(

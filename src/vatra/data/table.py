@@ -105,9 +105,14 @@ def make_plan(cfg: DataConfig, ctx: DataContext, schema: pa.Schema) -> Plan:
             raise ConfigError(f"{key}: no column {col!r}; the table has columns: {present}")
     reserved = {*target, cfg.split_column, cfg.group}
     features = list(cfg.features) or [c for c in names if c not in reserved]
-    clash = [c for c in features if c in reserved]
+    # A multitask target that is no head (context for a penalty) may also be an input, if listed.
+    context = {t for t in target if multitask and t not in ctx.head_tasks} if cfg.features else set()
+    clash = [c for c in features if c in reserved - context]
     if clash:
-        raise ConfigError(f"data.features: {', '.join(map(repr, clash))} is a target, split or group column")
+        raise ConfigError(
+            f"data.features: {', '.join(map(repr, clash))} is a target, split or group column"
+            + ("; only a multitask target that is not a head may also be a feature" if multitask else "")
+        )
     outside = [c for c in cfg.categorical if c not in features]
     if outside:
         raise ConfigError(

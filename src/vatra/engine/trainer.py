@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 import traceback
@@ -136,7 +135,8 @@ class Trainer:
             self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
         self.sampler = sampler
         self.batches = self._train_batches()
-        self.optimizer = build_optimizer(self.trainable.parameters(), cfg.optim)
+        self._params = list(self.trainable.parameters())
+        self.optimizer = build_optimizer(self._params, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         amp = cfg.train.precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
@@ -297,24 +297,39 @@ class Trainer:
 
     def forward_backward(self, inputs: Any, target: Any, *, scale: float = 1.0) -> torch.Tensor:
         """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss."""
-        with torch.autocast(
-            self.dist.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-        ):
+        with self._autocast():
             if self.trainable is self.model:
                 loss = self.loss(call_model(self.module, inputs), target)
             else:
                 loss = self.module(inputs, target)  # Objective: the loss's own parameters train too
-        self.scaler.scale(loss * scale).backward()
+        self.scaler.scale(loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.autocast_dtype)
 
     def next_batch(self) -> Batch:
         """The next training batch ``(inputs, target)`` of this rank, on its device."""
         return self.batches.next()
 
     def _unscale_and_clip(self) -> float:
+        """The global gradient norm before clipping (clipping only with ``train.clip_grad_norm``).
+
+        NOTE: ``float()`` is a device-host sync point; healing and the metrics need the value.
+        Without clipping only the norm is computed (clip_grad_norm_ with an infinite bound still
+        multiplies every gradient by 1: ~0.2 ms a step on a 0.2 M-parameter model here).
+        """
         self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.train.clip_grad_norm or math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.trainable.parameters(), max_norm)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if grads and all(g.device == grads[0].device and g.dtype == grads[0].dtype for g in grads):
+            # one fused kernel over all gradients; get_total_norm's grouping costs ~80 us more here
+            norm = torch.stack(torch._foreach_norm(grads, 2.0)).norm()
+        else:
+            norm = torch.nn.utils.get_total_norm(grads)
+        if self.cfg.train.clip_grad_norm:
+            torch.nn.utils.clip_grads_with_norm_(self._params, self.cfg.train.clip_grad_norm, norm)
         return float(norm)
 
     # ------------------------------------------------------------ evaluation
@@ -333,9 +348,7 @@ class Trainer:
             workers=self.cfg.data.workers,
             device=self.dist.device,
         )
-        with torch.autocast(
-            self.dist.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
-        ):
+        with self._autocast():
             for inputs, target in batches:
                 # the plain module: evaluation needs no gradient sync
                 metrics.update(call_model(self.model, inputs), target)

@@ -144,6 +144,8 @@ def flatten_tokens(output: Tensor, target: Tensor, what: str) -> tuple[Tensor, T
             f"{what}: output shape {tuple(output.shape)} does not match target shape {tuple(target.shape)}; "
             "expected logits (B, C) against (B,), or (B, T, V) against (B, T)"
         )
+    if output.dim() == 2:
+        return output, target
     return output.reshape(-1, output.shape[-1]), target.reshape(-1)
 
 

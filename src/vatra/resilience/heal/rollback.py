@@ -124,7 +124,9 @@ class Snapshot:
 
 class Rollback(Policy):
     """On a non-finite gradient norm, a non-finite mean loss, a mean loss above
-    ``divergence_factor`` × its healthy baseline for ``divergence_steps`` consecutive steps, or
+    ``divergence_factor`` × its healthy baseline for ``divergence_steps`` consecutive steps (above
+    the baseline by ``factor - 1`` times its size, or times 3 × its typical change where the loss
+    is near or below zero), or
     ``escalate_after_skips`` consecutive skipped updates:
 
     1. restore ``last-good`` through ``trainer.state.checkpointer`` (the checkpoint plugin), or
@@ -143,6 +145,7 @@ class Rollback(Policy):
         super().__init__(cfg)
         self.nonfinite_at: int | None = None
         self.baseline: float | None = None
+        self.spread = 0.0  # running mean |loss - baseline| of healthy steps
         self.above = 0
         self.lr_scale = 1.0
         self.base_lrs: list[float] = []
@@ -186,7 +189,7 @@ class Rollback(Policy):
                 )
             if self.baseline is None:
                 self.baseline = loss
-            elif loss > self.cfg.divergence_factor * self.baseline:
+            elif loss - self.baseline > (self.cfg.divergence_factor - 1.0) * self._scale():
                 self.above += 1
                 if self.above >= self.cfg.divergence_steps:
                     onset = step - self.above + 1
@@ -194,10 +197,18 @@ class Rollback(Policy):
                     return Action(self.name, "rollback", "loss diverged", evidence)
             else:
                 self.above = 0
+                self.spread += 0.1 * (abs(loss - self.baseline) - self.spread)
                 self.baseline += 0.1 * (loss - self.baseline)
         if trainer.state.checkpointer is None:
             self._snapshot(trainer, verdict)
         return None
+
+    def _scale(self) -> float:
+        """What "factor × baseline" is measured against: the baseline's size, or, for a loss that
+        sits near or below zero (a multitask loss with learned weights, a log-likelihood), three
+        times its typical step-to-step change."""
+        assert self.baseline is not None
+        return max(abs(self.baseline), 3.0 * self.spread, 1e-12)
 
     def _snapshot(self, trainer: Trainer, verdict: Verdict) -> None:
         clean = verdict.alarms == 0 and self.above == 0 and trainer.state.healthy
