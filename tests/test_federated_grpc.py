@@ -109,7 +109,9 @@ def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-
 
 def test_client_killed_mid_round_the_round_completes_with_the_others(tmp_path: Path, certs: Path) -> None:
     # Prepare: 3 clients, at least 2 per round; client 2 is a process that dawdles before uploading.
-    cfg = _cfg(clients=3, rounds=2, min_clients=2)
+    # A 10 s join grace (heartbeat 0.5 s × 20): the two client threads must both be in round 1,
+    # and on a loaded machine one may join seconds after the other.
+    cfg = _cfg(clients=3, rounds=2, min_clients=2, heartbeat_misses=20)
     cfg_path = tmp_path / "fl.toml"
     cfg_path.write_text(dump_toml(cfg))
     server, address = start_server(cfg, certs, tmp_path / "run")
