@@ -35,6 +35,7 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/trainer_overhead.py
 	$(BIN)/python bench/sharding_variance.py
+	$(BIN)/python bench/input_pipeline.py
 
 clean:
 	rm -rf $(VENV) runs bench/results
