@@ -335,7 +335,7 @@ def test_auto_store_backend_is_erasure_with_its_section_else_fsspec(tmp_path: Pa
     ("value", "expected"),
     [
         ("no_such_module_xyz:Thing", "cannot import module 'no_such_module_xyz'"),
-        ("{user}:Nope", "no attribute 'Nope'; it defines: Action, AlwaysAlarm, Compressor, CountNorms, Ctx"),
+        ("{user}:Nope", "no attribute 'Nope'; it defines: AlwaysAlarm, CountNorms, DictBackend, FirstShare"),
         ("{user}:NOT_A_CLASS", "is the int 3, not a subclass of vatra.comm._base.Compressor"),
         ("{user}:MeanUpdate", "is the class MeanUpdate, not a subclass of vatra.comm._base.Compressor"),
         (

@@ -69,7 +69,7 @@ def import_object(spec: str, key: str) -> Any:
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            public = sorted(n for n in vars(obj) if not n.startswith("_")) if hasattr(obj, "__dict__") else []
+            public = _defined_in(obj)
             shown = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
             raise ConfigError(
                 f"{key}: {module_name!r} has no attribute {attr!r}"
@@ -77,6 +77,15 @@ def import_object(spec: str, key: str) -> Any:
             )
         obj = getattr(obj, part)
     return obj
+
+
+def _defined_in(obj: Any) -> list[str]:
+    """Public names an object defines itself (for a module: not what it imported), sorted."""
+    if not hasattr(obj, "__dict__"):
+        return []
+    names = {n: v for n, v in vars(obj).items() if not n.startswith("_")}
+    own = [n for n, v in names.items() if getattr(v, "__module__", None) == getattr(obj, "__name__", None)]
+    return sorted(own or names)
 
 
 def describe(obj: Any) -> str:
