@@ -11,7 +11,6 @@ from vatra.data._base import (
     StreamDataset,
     TargetSpec,
     TaskKind,
-    batch_size_of,
     to_device,
 )
 from vatra.data._split import Split
@@ -41,7 +40,6 @@ __all__ = [
     "TableDataset",
     "TargetSpec",
     "TaskKind",
-    "batch_size_of",
     "build_dataset",
     "infer_spec",
     "partition",

@@ -174,14 +174,3 @@ def to_device(obj: Any, device: torch.device, non_blocking: bool = True) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(to_device(v, device, non_blocking) for v in obj)
     return obj
-
-
-def batch_size_of(obj: Any) -> int:
-    """Leading dimension of a batch's target (or inputs): the first tensor found."""
-    if isinstance(obj, torch.Tensor):
-        return int(obj.shape[0]) if obj.dim() else 1
-    if isinstance(obj, dict):
-        return batch_size_of(next(iter(obj.values())))
-    if isinstance(obj, list | tuple):
-        return batch_size_of(obj[0])
-    raise TypeError(f"a batch holds tensors or dicts of tensors, not {type(obj).__name__}")

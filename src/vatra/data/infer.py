@@ -17,10 +17,6 @@ def is_dataset(obj: Any) -> bool:
     return isinstance(obj, Dataset) or (hasattr(obj, "__len__") and hasattr(obj, "__getitem__"))
 
 
-def is_map_style(obj: Any) -> bool:
-    return not isinstance(obj, IterableDataset)
-
-
 def user_datasets(out: Any, source: str, task: str = "auto", key: str = "data.name") -> Datasets:
     """A factory's ``(train, val)`` or ``(train, val, spec)`` as :class:`Datasets` (spec inferred if
     absent)."""

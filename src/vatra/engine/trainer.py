@@ -7,7 +7,7 @@ import random
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from vatra.engine.dist import DistContext
 from vatra.engine.optim import build_optimizer, build_scheduler
 from vatra.engine.state import TrainState
 from vatra.errors import ConfigError
-from vatra.losses import build_loss, build_metrics, resolve_task
+from vatra.losses import FunctionLoss, build_loss, build_metrics, resolve_task
 from vatra.models import build_model
 from vatra.rundir import RunDir
 
@@ -57,17 +57,6 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(inputs)
 
 
-class LossFunction(nn.Module):
-    """A plain loss function ``(output, target) -> Tensor`` as a module (no parameters)."""
-
-    def __init__(self, fn: Callable[[Any, Any], torch.Tensor]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, output: Any, target: Any) -> torch.Tensor:
-        return self.fn(output, target)
-
-
 class Objective(nn.Module):
     """The model and a loss with learned parameters (multitask uncertainty weights) as one module,
     so DDP averages the loss's gradients too and checkpoints hold both."""
@@ -85,7 +74,7 @@ def _as_loss_module(loss: Any) -> nn.Module:
     if isinstance(loss, nn.Module):
         return loss
     if callable(loss):
-        return LossFunction(loss)
+        return FunctionLoss(loss)
     raise ConfigError(f"loss: expected a function (output, target) -> Tensor or an nn.Module, not {loss!r}")
 
 
@@ -352,7 +341,7 @@ class Trainer:
             for inputs, target in batches:
                 # the plain module: evaluation needs no gradient sync
                 metrics.update(call_model(self.model, inputs), target)
-        if self.dist.distributed:
+        if self.dist.distributed and not self.spec.num_classes:
             # A rank with no validation batch cannot size its sums: agree on the class count first.
             known = torch.tensor([metrics.num_classes], dtype=torch.int64)
             torch.distributed.all_reduce(known, op=torch.distributed.ReduceOp.MAX)
