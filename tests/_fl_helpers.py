@@ -13,6 +13,16 @@ from vatra.launch import free_port
 from vatra.rundir import RunDir
 
 
+def join_body(cfg: Config) -> bytes:
+    """A hand-made client's Join message: the spec of the config's dataset and its row count."""
+    from vatra.data import build_dataset
+    from vatra.federated.data import spec_to_json
+    from vatra.federated.wire import encode
+
+    train, _, spec = build_dataset(cfg.data, cfg.run.seed)
+    return encode({"kind": "join", "spec": spec_to_json(spec), "num_train": len(train)})  # type: ignore[arg-type]
+
+
 class Background(threading.Thread):
     """Runs ``fn`` in a daemon thread and keeps its result or exception for ``join_result``."""
 
@@ -37,12 +47,14 @@ class Background(threading.Thread):
         return self.result
 
 
-def start_server(cfg: Config, certs: Path, run_dir: Path) -> tuple[Background, str]:
+def start_server(cfg: Config, certs: Path, run_dir: Path, **kw: Any) -> tuple[Background, str]:
     """A real gRPC server with TLS on a free loopback port, in a thread; returns once it listens."""
     address = f"127.0.0.1:{free_port()}"
     bound = threading.Event()
     thread = Background(
-        lambda: serve(cfg, address, certs, RunDir(run_dir), progress=False, on_bound=lambda _: bound.set())
+        lambda: serve(
+            cfg, address, certs, RunDir(run_dir), progress=False, on_bound=lambda _: bound.set(), **kw
+        )
     )
     assert bound.wait(60) or thread.error is None, thread.error
     return thread, address

@@ -12,15 +12,15 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from tests._fl_helpers import start_client, start_server
+from tests._fl_helpers import join_body, start_client, start_server
 from tests.conftest import ROOT, small_config
 
 from vatra.config import Config, dump_toml
-from vatra.federated import FitRes
+from vatra.federated import EvalRes, FitRes
 from vatra.federated.certs import client_credentials, generate
 from vatra.federated.server import weights_digest
 from vatra.federated.transport import RemoteServer
-from vatra.federated.wire import decode, decode_ins, encode_res
+from vatra.federated.wire import decode, decode_ins, encode_eval_res, encode_res
 from vatra.launch import free_port
 from vatra.rundir import read_jsonl
 
@@ -42,6 +42,9 @@ def _next_task(remote: RemoteServer) -> FitRes:
         blob = remote.call("Poll")
         if decode(blob)[0].get("kind") == "fit_ins":
             ins = decode_ins(blob)
+            if ins.config.get("phase") == "evaluate":  # nothing held out: an empty report
+                remote.call("Submit", encode_eval_res(EvalRes(0, ins.round, 0, {})))
+                continue
             return FitRes(0, ins.round, 10, np.zeros(ins.models[0].shape, np.float32))
     raise AssertionError("no task within 60 polls")
 
@@ -58,10 +61,10 @@ def test_wrong_token_wrong_shape_and_nan_are_rejected(tmp_path: Path, certs: Pat
     # Wrong token, and a valid token under another client's id: both unauthenticated.
     for cid, tok in ((0, "not-the-token"), (1, token)):
         with pytest.raises(grpc.RpcError) as err:
-            RemoteServer(address, ca, cid, tok).call("Join", timeout=60)
+            RemoteServer(address, ca, cid, tok).call("Join", join_body(cfg), timeout=60)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     remote = RemoteServer(address, ca, 0, token)
-    remote.call("Join")
+    remote.call("Join", join_body(cfg))
     # Round 1: an update of the wrong shape; round 2: an update with a NaN.
     res = _next_task(remote)
     res.update = np.zeros(res.update.size + 1, np.float32)
@@ -76,11 +79,12 @@ def test_wrong_token_wrong_shape_and_nan_are_rejected(tmp_path: Path, certs: Pat
     summary = server.join_result(60)
     remote.close()
     # Assert: nothing reached the aggregate (the weights are the initial ones), every reason logged.
+    from vatra.data import build_dataset
     from vatra.federated.client import initial_weights
-    from vatra.federated.data import build_federation
 
-    assert summary["weights_sha256"] == weights_digest(initial_weights(cfg, build_federation(cfg))[2])
-    assert len(_events(tmp_path / "run", "rejected")) == 2
+    spec = build_dataset(cfg.data, cfg.run.seed).spec
+    assert summary["weights_sha256"] == weights_digest(initial_weights(cfg, spec)[2])
+    assert len(_events(tmp_path / "run", "rejected")) == 1  # one line per host every 10 s
     reasons = [e["reason"] for e in _events(tmp_path / "run", "update_rejected")]
     assert any("shape" in r for r in reasons) and any("non-finite" in r for r in reasons)
     assert [r["failures"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 1]

@@ -11,6 +11,7 @@ from tests.conftest import small_config
 
 from vatra.cli import main
 from vatra.federated.certs import generate
+from vatra.federated.data import build_federation
 from vatra.federated.simulation import simulate
 from vatra.rundir import RunDir, read_jsonl
 
@@ -62,7 +63,7 @@ def test_federate_cli_runs_and_reports_bad_config_in_one_line(
     assert "round 2/2" in capsys.readouterr().out
     assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) == 2
     with pytest.raises(SystemExit) as exit_info:
-        main(["federate", example, "--set", "federated.strategy=krum"])
+        main(["federate", example, "--set", "federated.strategy=kmeans"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: federated.strategy") and "Traceback" not in err
@@ -76,14 +77,19 @@ def test_same_seed_same_model_in_simulation_and_in_a_tls_deployment(tmp_path: Pa
     )
     generate(tmp_path / "certs", 2)
     # Execute: the simulation on a pool of 2 processes, then the deployment.
+    # Each deployed client holds only the rows its simulated twin owned (its own train and
+    # held-out rows); the server's own held-out data is the simulation's validation split.
     simulated = simulate(cfg, RunDir(tmp_path / "sim"), progress=False)
-    server, address = start_server(cfg, tmp_path / "certs", tmp_path / "deploy")
-    clients = [start_client(cfg, address, c, tmp_path / "certs") for c in range(2)]
+    fed = build_federation(cfg)
+    server, address = start_server(cfg, tmp_path / "certs", tmp_path / "deploy", eval_data=fed.server_val)
+    own = [fed.client_data(c) for c in range(2)]
+    clients = [start_client(cfg, address, c, tmp_path / "certs", data=own[c]) for c in range(2)]
     deployed = server.join_result(120)
-    # Assert: bit-identical weights and identical per-round accuracy.
+    # Assert: bit-identical weights and identical per-round accuracy, the server's and the clients'.
     assert [c.join_result(30) for c in clients] == [3, 3]
     assert deployed["weights_sha256"] == simulated["weights_sha256"]
     sim_rows = read_jsonl(tmp_path / "sim" / "metrics.jsonl")
     dep_rows = read_jsonl(tmp_path / "deploy" / "metrics.jsonl")
-    assert [r["global_accuracy"] for r in sim_rows] == [r["global_accuracy"] for r in dep_rows]
+    for key in ("server_accuracy", "client_accuracy", "worst_client_accuracy"):
+        assert [r[key] for r in sim_rows] == [r[key] for r in dep_rows], key
     assert all(r["failures"] == 0 for r in dep_rows)

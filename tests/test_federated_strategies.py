@@ -40,9 +40,9 @@ def _fed_config(**federated: object):
 
 def test_fedavg_one_client_one_step_equals_centralized_sgd() -> None:
     # Prepare: one client holding the whole training set, one local SGD step.
-    cfg = _fed_config(clients=1, rounds=1, local_steps=1, partition={"method": "iid"})
+    cfg = _fed_config(clients=1, rounds=1, local_steps=1, val_fraction=0.0, partition={"method": "iid"})
     fed = build_federation(cfg)
-    client = LocalClient(cfg, fed)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
     strategy = build_strategy(cfg.federated, client.layout)
     strategy.initialize(client.init, cfg.run.seed)
     # Execute: one federated round.
@@ -163,7 +163,7 @@ def test_clustered_routes_updates_and_integrates_by_size_and_quality() -> None:
 def test_clustered_clients_pick_the_best_cluster_and_personalized_heads_stay_local() -> None:
     cfg = _fed_config(strategy="personalized", clients=2, local_steps=3, personal_layers=2)
     fed = build_federation(cfg)
-    client = LocalClient(cfg, fed)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
     s = build_strategy(cfg.federated, client.layout)
     assert isinstance(s, Personalized)
     s.initialize(client.init, 0)
@@ -175,7 +175,8 @@ def test_clustered_clients_pick_the_best_cluster_and_personalized_heads_stay_loc
     assert not np.allclose(head, client.init[-head_len:])  # the head trained, and stays with the client
     # IFCA: of a good and a useless model, the client trains the one with the lower loss.
     cfg2 = _fed_config(strategy="clustered", clusters=2, clients=2, local_steps=2)
-    c2 = LocalClient(cfg2, build_federation(cfg2))
+    fed2 = build_federation(cfg2)
+    c2 = LocalClient(cfg2, fed2.spec, fed2.client_data)
     good = s.weights.copy()
     good[: len(res.update)] += res.update
     from vatra.federated import FitIns
@@ -232,10 +233,15 @@ def test_partitions_unequal_sizes_and_feature_shift() -> None:
         }
     )
     fed = build_federation(cfg)
-    x0, x1 = fed.train_for(0).x, fed.train_for(1).x
+    x0, x1 = fed.client_data(0).train.x, fed.client_data(1).train.x
     torch.testing.assert_close(x1.reshape(-1, 8, 8).flip(1).flip(2), x0.reshape(-1, 8, 8))
     assert fed.shifts == ["identity", "rot180", "identity", "rot180"]
-    np.testing.assert_allclose(fed.label_hist.sum(axis=1), 1.0)
+    # each client holds out val_fraction of its own rows, disjoint from the rows it trains on
+    for c in range(4):
+        data = fed.client_data(c)
+        assert not set(data.train_rows) & set(data.val_rows)
+        assert sorted([*data.train_rows, *data.val_rows]) == fed.shards[c].tolist()
+        assert data.num_val == round(0.2 * len(fed.shards[c]))
     with pytest.raises(ConfigError, match="feature_shift"):
         small_config(federated={"partition": {"feature_shift": ["spin"]}})
     with pytest.raises(ConfigError, match="mu"):

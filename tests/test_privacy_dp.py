@@ -123,3 +123,64 @@ def test_resumed_run_keeps_counting_epsilon(tmp_path: Path) -> None:
     ref.step(2.0, 0.5, 4)
     assert summary["rounds"] == 4
     assert summary["privacy"]["epsilon"] == pytest.approx(ref.epsilon(), rel=1e-9)
+
+
+def _rounds(cfg, rounds: int):
+    return cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"rounds": rounds})})
+
+
+def test_resume_restores_sample_level_accountants_and_the_adaptive_clip_norm(tmp_path: Path) -> None:
+    # Prepare: DP-SGD (one accountant per client) and DP-FedAvg with adaptive clipping, each run
+    # once straight through and once stopped after round 2 and resumed from its checkpoint
+    sample = _dp_cfg(mode="sample", noise_multiplier=1.0, clip_norm=1.0)
+    adaptive = _dp_cfg(
+        mode="client", noise_multiplier=0.2, clip_norm=0.5, noise_at="clients", adaptive_clip=True
+    )
+    straight = simulate(sample, RunDir(tmp_path / "straight"), progress=False)
+    for name, cfg in (("sample", sample), ("adaptive", adaptive)):
+        simulate(_rounds(cfg, 2), RunDir(tmp_path / name), progress=False)
+        # Execute
+        simulate(cfg, RunDir(tmp_path / name), progress=False)
+    # Assert: ε of the resumed DP-SGD run counts every client's earlier steps, as the straight run
+    resumed = read_jsonl(RunDir(tmp_path / "sample").metrics)
+    assert resumed[-1]["epsilon"] == pytest.approx(straight["privacy"]["epsilon"], rel=1e-12)
+    # round 3 starts from the clip norm round 2 adapted to, not from the configured one
+    rows = read_jsonl(RunDir(tmp_path / "adaptive").metrics)
+    assert rows[2]["dp_clip_norm"] == rows[1]["dp_next_clip_norm"] != 0.5
+
+
+def test_private_uploads_in_a_run_are_clipped_and_say_nothing_per_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: DP-FedAvg with secure aggregation, noise at the clients, adaptive clipping and the
+    # adaptive selector (which reads loss_before when it is there); every upload is intercepted
+    from vatra.federated.privacy import FIT_METRICS_WHITELIST, PrivateUpload
+
+    clip = 0.05  # small: most updates of the digits MLP are clipped
+    seen: list[tuple[float, dict]] = []
+    encode = PrivateUpload.encode
+
+    def spy(self, res, ins):
+        norm = float(np.linalg.norm(res.update.astype(np.float64)))
+        out = encode(self, res, ins)
+        seen.append((norm, dict(out.metrics)))
+        return out
+
+    monkeypatch.setattr(PrivateUpload, "encode", spy)
+    cfg = _dp_cfg(
+        mode="client",
+        noise_multiplier=0.2,
+        clip_norm=clip,
+        noise_at="clients",
+        adaptive_clip=True,
+        sa={"enabled": True},
+    )
+    cfg = cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"selection": "adaptive"})})
+    run = RunDir(tmp_path / "private")
+    # Execute
+    simulate(cfg, run, progress=False)
+    # Assert: uploads carried only the whitelist; the clip was active; the rows hold aggregates only
+    assert len(seen) == 4 * 3 and all(set(m) == set(FIT_METRICS_WHITELIST) for _, m in seen)
+    assert sum(norm > clip for norm, _ in seen) >= 6
+    for row in read_jsonl(run.metrics):
+        assert not {"update_norm", "dp_unclipped", "loss_before", "local_accuracy"} & set(row)

@@ -8,6 +8,7 @@ from tests._fl_helpers import start_client, start_server
 from tests.conftest import small_config
 
 from vatra.federated.certs import generate
+from vatra.federated.data import build_federation
 from vatra.federated.simulation import simulate
 from vatra.rundir import RunDir, read_jsonl
 
@@ -34,7 +35,8 @@ def test_secure_round_over_grpc_gives_the_simulated_model(tmp_path: Path) -> Non
     # Execute: simulation, then a real TLS server on loopback with 4 client threads.
     simulated = simulate(cfg, RunDir(tmp_path / "sim"), progress=False)
     server, address = start_server(cfg, tmp_path / "certs", tmp_path / "deploy")
-    clients = [start_client(cfg, address, c, tmp_path / "certs") for c in range(4)]
+    fed = build_federation(cfg)  # each deployed client holds exactly its simulated twin's rows
+    clients = [start_client(cfg, address, c, tmp_path / "certs", data=fed.client_data(c)) for c in range(4)]
     deployed = server.join_result(180)
     # Assert: masked sums are exact in the ring, so the two models are bit-identical.
     assert [c.join_result(30) for c in clients] == [2, 2, 2, 2]

@@ -132,7 +132,7 @@ def test_corrupt_revealed_share_aborts_the_round_cleanly() -> None:
         return orig(replies)
 
     server.finish = tampered  # type: ignore[method-assign]
-    with pytest.raises(RoundAborted, match="client 0's secret"):
+    with pytest.raises(RoundAborted, match="client 0's self-mask seed cannot be rebuilt"):
         secure_sum(server, parties)
 
 
@@ -179,14 +179,19 @@ def test_sealed_shares_routed_only_between_neighbours_still_in_the_round() -> No
     requests = server.share_keys_requests(keys)
     for u, req in requests.items():
         assert dict(req["keys"]) == {v: bytes([v]) * 32 + bytes([v + 10]) * 32 for v in server.graph[u]}
-    # Execute: every client seals a share for every id (itself and non-neighbours too); 5 is gone
-    # and 4 sends sealed shares of the wrong length (left out, like a drop-out).
-    sealed = {u: {"ciphertexts": {v: bytes([u, v]) * 47 for v in range(6)}} for u in range(4)}
-    sealed[4] = {"ciphertexts": {v: b"short" for v in range(6)}}
+    # Execute: clients 0-2 seal a share for each neighbour; 3 also for a non-neighbour, 4 with
+    # the wrong length (both left out, like drop-outs); 5 is gone.
+    commit = b"c" * 32
+    sealed = {
+        u: {"ciphertexts": {v: bytes([u, v]) * 47 for v in server.graph[u]}, "b_commit": commit}
+        for u in range(5)
+    }
+    sealed[3]["ciphertexts"][3] = bytes([3, 3]) * 47
+    sealed[4]["ciphertexts"] = {v: b"short" for v in server.graph[4]}
     routed = server.masked_input_requests(sealed)
     # Assert: each client gets exactly its neighbours' shares addressed to it.
-    assert sorted(routed) == server.u2 == [0, 1, 2, 3]
+    assert sorted(routed) == server.u2 == [0, 1, 2]
+    assert set(server.rejected) == {3, 4}
     for v, req in routed.items():
-        want = [u for u in server.graph[v] if u < 4]
-        assert req["u2"] == want
+        want = [u for u in server.graph[v] if u < 3]
         assert dict(req["ciphertexts"]) == {u: bytes([u, v]) * 47 for u in want}

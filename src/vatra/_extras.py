@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from vatra.errors import ConfigError
@@ -10,6 +11,19 @@ from vatra.errors import ConfigError
 
 class MissingExtra(ConfigError):
     """A feature the config or command asks for needs a package of an extra that is not installed."""
+
+
+def _missing(module: str, extra: str, feature: str) -> MissingExtra:
+    return MissingExtra(
+        f"{feature} needs the package {module!r}, which is not installed: pip install 'vatra[{extra}]'"
+    )
+
+
+def check(module: str, extra: str, feature: str) -> None:
+    """Fail with :class:`MissingExtra` unless ``module`` is installed, without importing it (an
+    import of opacus alone costs seconds)."""
+    if importlib.util.find_spec(module) is None:
+        raise _missing(module, extra, feature)
 
 
 def require(module: str, extra: str, feature: str) -> ModuleType:

@@ -236,7 +236,10 @@ STRATEGIES = Registry(
         "fedavg": "vatra.federated.fedavg:FedAvg",
         "fedprox": "vatra.federated.fedprox:FedProx",
         "fedyogi": "vatra.federated.fedyogi:FedYogi",
+        "krum": "vatra.federated.robust:Krum",
+        "median": "vatra.federated.robust:Median",
         "personalized": "vatra.federated.personalized:Personalized",
+        "trimmed_mean": "vatra.federated.robust:TrimmedMean",
     },
 )
 SELECTORS = Registry(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vatra.errors import VatraError
 
 
 def new_run_id(name: str) -> str:
@@ -16,15 +19,53 @@ def new_run_id(name: str) -> str:
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line and flush it, so a crash keeps every line written before it."""
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(record, default=float) + "\n")
+    """Append one JSON line and flush it, so a crash keeps every line written before it.
+
+    A last line without its newline that does not parse is an append a crash cut short: it is
+    cut off first, so the new line does not continue it (which would damage the file mid-way).
+    """
+    line = json.dumps(record, default=float) + "\n"
+    with path.open("ab") as f:
+        if f.tell() > 0:
+            with path.open("rb") as r:
+                r.seek(-1, 2)
+                if r.read(1) != b"\n":
+                    r.seek(0)
+                    data = r.read()
+                    cut = data.rfind(b"\n") + 1
+                    try:
+                        json.loads(data[cut:])
+                        f.write(b"\n")  # a whole record that only lacks its newline: keep it
+                    except ValueError:
+                        f.truncate(cut)
+        f.write(line.encode("utf-8"))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of a JSON-lines file, in order ([] when the file does not exist).
+
+    A last line without its newline that does not parse is the append a crash cut short: it is
+    skipped with a warning, so a resume can go on. A bad line anywhere else is damage and raises
+    :class:`~vatra.errors.VatraError` naming the file and line.
+    """
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")  # the last item is "" when the file ends with a newline
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:
+            if number == len(lines):  # no newline after it: the write never finished
+                warnings.warn(
+                    f"{path}: skipped a half-written last line ({len(line)} characters)", stacklevel=2
+                )
+                break
+            raise VatraError(f"{path}, line {number}: not valid JSON ({err}); the file is damaged") from None
+    return records
 
 
 @dataclass(frozen=True)

@@ -42,14 +42,19 @@ def federate(
 def certs(
     folder: Path = typer.Argument(..., help="Folder to write the CA, server certificate and tokens into."),
     clients: int = typer.Option(..., "--clients", help="Number of client tokens (ids 0 .. N-1)."),
-    host: list[str] = typer.Option([], "--host", help="Extra DNS name or IP for the server certificate."),
+    host: list[str] = typer.Option(
+        [], "--host", help="The server's DNS name or IP as remote clients reach it (repeatable)."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace a CA already in FOLDER (old tokens stop working)."
+    ),
 ) -> None:
     """Generate a CA, a TLS server certificate (localhost, 127.0.0.1 + --host) and one token per client."""
     from vatra.federated.certs import generate
 
     if clients < 1:
         raise ConfigError(f"--clients {clients}: must be ≥ 1")
-    generate(folder, clients, host)
+    generate(folder, clients, host, force=force)
     print(f"vatra: wrote CA, server certificate and {clients} client token(s) to {folder}", flush=True)
 
 
@@ -62,6 +67,12 @@ def server(
         None, "--run-dir", help="Run folder; an existing one with a checkpoint is resumed."
     ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    eval_data: str | None = typer.Option(
+        None,
+        "--eval-data",
+        help="The server's own held-out data (a CSV/Parquet/npz file, an image folder or an import "
+        "string), read with the config's data options; every round scores the global model on it.",
+    ),
 ) -> None:
     """Run the federated server: select clients, collect updates, aggregate, checkpoint every round."""
     from vatra.federated.certs import ServerCredentials
@@ -74,7 +85,7 @@ def server(
     rd = _run_dir(cfg.run.out_dir, cfg.run.name, run_dir)
     if not rd.config.exists():
         rd.config.write_text(dump_toml(cfg))
-    serve(cfg, address, certs, rd, progress=cfg.run.progress != "off")
+    serve(cfg, address, certs, rd, eval_data=eval_data, progress=cfg.run.progress != "off")
 
 
 @fl_app.command("client")
@@ -88,11 +99,25 @@ def client(
         60.0, "--retry-s", help="Keep reconnecting this long if the server is down."
     ),
     slow_s: float = typer.Option(0.0, "--slow-s", help="Sleep before each upload (emulates a slow device)."),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="This owner's data: a CSV/Parquet/npz file, an image folder or an import string "
+        "'pkg.mod:fn', read with the config's data options (target, features, split); "
+        "default: the config's data section. It holds out its own validation split.",
+    ),
 ) -> None:
-    """Join a federated server and train on this client's data until the server is done."""
+    """Join a federated server and train on this client's own data until the server is done."""
     from vatra.federated.transport import run_client
 
     cfg = load_config(config, set_)
     run_client(
-        cfg, server_addr, client_id, certs, retry_s=retry_s, slow_s=slow_s, progress=cfg.run.progress != "off"
+        cfg,
+        server_addr,
+        client_id,
+        certs,
+        data=data,
+        retry_s=retry_s,
+        slow_s=slow_s,
+        progress=cfg.run.progress != "off",
     )

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
+from vatra.config._robust import RobustConfig
 from vatra.config._sections import Section
 from vatra.registry import COMPRESSORS, IMPORT_FORM, SELECTORS, STRATEGIES
 
@@ -27,8 +28,19 @@ def _per_tensor_compressor(value: str) -> str:
 class PartitionConfig(Section):
     """How the training set is split among clients (labels, inputs and sizes can all differ)."""
 
-    method: Literal["iid", "dirichlet", "label_skew"] = Field(
-        "dirichlet", description="Label split: iid, dirichlet (alpha) or label_skew (classes_per_client)."
+    method: Literal["iid", "dirichlet", "label_skew", "column", "file"] = Field(
+        "dirichlet",
+        description="Simulation split of the training rows: iid, dirichlet (alpha), label_skew "
+        "(classes_per_client), column (one client per value of a table column: natural owners) or "
+        "file (a JSON list of per-client row-index lists, reproduced exactly).",
+    )
+    column: str = Field(
+        "", description="column: the table column whose values name the owners (e.g. a site id)."
+    )
+    file: str = Field(
+        "",
+        description="file: JSON list with one list of training-row indices per client (every run "
+        "folder's partition.json has this form); relative paths are from the config file's folder.",
     )
     alpha: float = Field(0.3, gt=0.0, description="dirichlet: concentration; small = strong label skew.")
     classes_per_client: int = Field(2, ge=1, description="label_skew: classes each client holds.")
@@ -45,6 +57,10 @@ class PartitionConfig(Section):
         bad = [s for s in self.feature_shift if s not in SHIFTS]
         if bad:
             raise ValueError(f"unknown feature_shift {bad}; choose from {', '.join(SHIFTS)}")
+        if self.method == "column" and not self.column:
+            raise ValueError("method = 'column' needs column = the table column that names each owner")
+        if self.method == "file" and not self.file:
+            raise ValueError("method = 'file' needs file = a JSON list of per-client row-index lists")
         return self
 
 
@@ -64,6 +80,26 @@ class FederatedConfig(Section):
         "naming a vatra.federated.Selector subclass (called as Class(federated section, seed)).",
     )
     local_steps: int = Field(10, ge=1, description="Local optimizer steps per client per round.")
+    local_epochs: int = Field(
+        0,
+        ge=0,
+        description="Local epochs per round instead of local_steps (FedAvg's E): each client makes "
+        "ceil(n_c / batch_size) steps per epoch on its n_c training rows, so larger owners do more "
+        "work; 0 = use local_steps.",
+    )
+    val_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Simulation: share of each client's rows it holds out to evaluate on (its own "
+        "validation split); 0 = clients hold out nothing and only the server evaluates.",
+    )
+    evaluate_every: int = Field(
+        1,
+        ge=0,
+        description="Clients evaluate the global model every this many rounds (and after the last); "
+        "0 = never.",
+    )
     mu: float = Field(
         0.0, ge=0.0, description="Proximal weight μ (fedprox; also clustered: the hybrid clustered+proximal)."
     )
@@ -89,7 +125,12 @@ class FederatedConfig(Section):
         "fp16, bf16, topk, randomk, onebit, qsgd, or an import string 'package.module:Class' naming a "
         "vatra.comm.Compressor subclass.",
     )
-    workers: int = Field(2, ge=1, description="Simulation: client processes (a process pool).")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Simulation: client processes; 1 = every client in the server process (fastest for "
+        "small models: a pool pays only when a client's round costs far more than passing it the model).",
+    )
     step_time_s: float = Field(
         0.0,
         ge=0.0,
@@ -105,8 +146,15 @@ class FederatedConfig(Section):
     join_timeout_s: float = Field(120.0, gt=0.0, description="Deployment: wait this long for min_clients.")
     heartbeat_s: float = Field(2.0, gt=0.0, description="Deployment: client heartbeat period.")
     heartbeat_misses: int = Field(5, ge=1, description="Deployment: missed heartbeats before a drop-out.")
+    max_message_mb: float = Field(
+        64.0,
+        gt=0.0,
+        description="Deployment: gRPC message cap while the server does not know the model's size "
+        "(no --eval-data file: the first client's join tells it); with it, about twice the model.",
+    )
     secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    robust: RobustConfig = Field(default_factory=RobustConfig)
 
     _strategy = field_validator("strategy")(lambda v: STRATEGIES.check(v))
     _selection = field_validator("selection")(lambda v: SELECTORS.check(v))
@@ -118,4 +166,7 @@ class FederatedConfig(Section):
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) > clients ({self.clients}); lower it"
             )
+        sa = self.secure_aggregation
+        if sa.enabled:  # a threshold that is no majority of the share holders fails here, not in round 1
+            sa.threshold_for(sa.holders_for(self.clients_per_round or self.clients))
         return self

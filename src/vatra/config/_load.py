@@ -133,12 +133,15 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:
-    """Make a relative local ``data.path`` absolute against ``base`` (URLs such as s3:// stay)."""
-    data = raw.get("data")
-    if isinstance(data, dict) and isinstance(data.get("path"), str) and data["path"]:
-        given = data["path"]
-        if "://" not in given and not Path(given).is_absolute():
-            data["path"] = str(base.resolve() / given)
+    """Make relative local paths (``data.path``, ``federated.partition.file``) absolute against
+    ``base`` (URLs such as s3:// stay)."""
+    fed = raw.get("federated")
+    part = fed.get("partition") if isinstance(fed, dict) else None
+    for section, key in ((raw.get("data"), "path"), (part, "file")):
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
+            given = section[key]
+            if "://" not in given and not Path(given).is_absolute():
+                section[key] = str(base.resolve() / given)
 
 
 def dump_toml(cfg: Config) -> str:

@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vatra.config._sections import Section
 
 
 class SecureAggregationConfig(Section):
-    """Bonawitz et al. (CCS'17) secure aggregation; ``secagg+`` is Bell et al.'s (CCS'20) sparse graph."""
+    """Bonawitz et al. (CCS'17) secure aggregation; ``secagg+`` is Bell et al.'s (CCS'20) sparse graph.
+
+    Each client shares its secrets among h holders (h = n in full mode, k + 1 in secagg+) with a
+    threshold t that must be a strict majority of them, t > h/2: an honest holder reveals, per
+    client, a share of one secret or of the other, never both, so two disjoint sets of ≥ t
+    holders (one per secret) cannot exist. Clients check t themselves (:meth:`threshold_for`)
+    and refuse a round whose t is below their own.
+    """
 
     enabled: bool = Field(False, description="Mask every update so the server learns only the sum.")
     threshold: int = Field(
         0,
         ge=0,
         description="Shamir threshold t: clients that must stay for the round to finish; "
-        "0 = ⌈2n/3⌉ of the round's clients (secagg+: of each client's k neighbours + itself).",
+        "0 = ⌈2h/3⌉ of the h share holders (full: the round's n clients; secagg+: k neighbours + "
+        "itself). Set explicitly it must be more than h/2 (secagg+: more than (k + 1)/2).",
     )
     mode: Literal["full", "secagg+"] = Field(
         "full", description="full: every pair of clients shares masks; secagg+: a random k-regular graph."
     )
     neighbours: int = Field(
-        8, ge=2, description="secagg+: neighbours k per client (even; raised to n−1 when the round is small)."
+        8,
+        ge=2,
+        description="secagg+: neighbours k per client (even, ≥ 2; a round of n ≤ k + 1 clients is full).",
     )
     bits: int = Field(32, ge=16, le=32, description="Ring size 2^bits of the masked sums (fixed point).")
     prg: Literal["aes-ctr", "chacha20"] = Field(
@@ -36,6 +47,42 @@ class SecureAggregationConfig(Section):
     max_weight: int = Field(
         100_000, ge=1, description="Cap on a client's sample count (its weight) in the masked weighted sum."
     )
+
+    @field_validator("neighbours")
+    @classmethod
+    def _even(cls, k: int) -> int:
+        if k % 2:
+            raise ValueError(f"neighbours = {k}: the k-regular circulant graph needs an even k; use {k + 1}")
+        return k
+
+    @model_validator(mode="after")
+    def _check(self) -> SecureAggregationConfig:
+        if self.mode == "secagg+" and self.threshold:
+            k = self.neighbours
+            if not (k + 1) / 2 < self.threshold <= k + 1:
+                raise ValueError(
+                    f"secure_aggregation.threshold = {self.threshold} with neighbours = {k}: each secret "
+                    f"has k + 1 = {k + 1} holders, so t must be in ({(k + 1) / 2:g}, {k + 1}]; "
+                    "or 0 for ⌈2(k+1)/3⌉"
+                )
+        return self
+
+    def holders_for(self, clients: int) -> int:
+        """Holders h of each client's shares in a round of ``clients``: all of them, or k + 1 (secagg+)."""
+        if self.mode == "full" or self.neighbours >= clients - 1:
+            return clients
+        return self.neighbours + 1
+
+    def threshold_for(self, holders: int) -> int:
+        """t for secrets shared among ``holders``; ValueError if the configured t is no majority of them."""
+        t = self.threshold or math.ceil(2 * holders / 3)
+        if t <= holders / 2:
+            raise ValueError(
+                f"secure_aggregation.threshold = {t} is not more than half of the {holders} share holders: "
+                f"a server could then collect both secrets of a client; set it above {holders / 2:g} "
+                "(or 0 for ⌈2h/3⌉)"
+            )
+        return t
 
 
 class PrivacyConfig(Section):

@@ -78,6 +78,7 @@ class DataContext:
     broadcast: Callable[[object], object] = _identity
     task: str = "auto"  # train.task: a source that can serve several tasks (a table) follows it
     head_tasks: Mapping[str, str] = field(default_factory=dict)  # multitask: head name -> its task
+    keep: tuple[str, ...] = ()  # table columns kept aside, not as features (federated partition.column)
 
 
 class Datasets(NamedTuple):

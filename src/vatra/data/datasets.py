@@ -6,8 +6,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits, make_classification
-from sklearn.model_selection import train_test_split
 
 from vatra.config import DataConfig
 from vatra.data._base import DataContext, Datasets, DatasetSpec
@@ -25,6 +23,8 @@ def _classification_splits(
     x: np.ndarray, y: np.ndarray, cfg: DataConfig, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Stratified train/val split, so both halves keep the class balance."""
+    from sklearn.model_selection import train_test_split  # scikit-learn loads only for these sources
+
     x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=cfg.val_fraction, random_state=seed, stratify=y)
     return x_tr, x_va, y_tr, y_va
 
@@ -37,6 +37,8 @@ def _to_split(x: np.ndarray, y: np.ndarray) -> Split:
 
 def digits(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """sklearn's bundled 8x8 digits: 1797 samples, 64 pixels scaled to [0, 1], 10 classes."""
+    from sklearn.datasets import load_digits
+
     bunch = load_digits()
     x = bunch.data.astype(np.float32) / 16.0  # pixel values are 0..16
     x_tr, x_va, y_tr, y_va = _classification_splits(x, bunch.target, cfg, ctx.seed)
@@ -46,6 +48,8 @@ def digits(cfg: DataConfig, ctx: DataContext) -> Datasets:
 
 def synthetic(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """Gaussian clusters from make_classification, standardised with train statistics."""
+    from sklearn.datasets import make_classification
+
     clusters_per_class = 2
     # make_classification places clusters on hypercube vertices: it needs 2**informative of them.
     needed = (cfg.classes * clusters_per_class - 1).bit_length()

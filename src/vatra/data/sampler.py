@@ -11,9 +11,19 @@ class ShardSampler:
     Epoch ``e`` visits the shard in the order ``default_rng([seed, e]).permutation(size)``, so any
     (epoch, position) can be restored without replaying earlier batches. A batch that crosses an
     epoch boundary continues into the next epoch's order: no short batches, no sample skipped.
+    With ``epoch_end`` the last batch of an epoch is short instead (⌈size / batch⌉ batches per
+    epoch: a federated client's local epoch).
     """
 
-    def __init__(self, indices: np.ndarray, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        indices: np.ndarray,
+        batch_size: int,
+        *,
+        seed: int,
+        shuffle: bool = True,
+        epoch_end: bool = False,
+    ) -> None:
         if len(indices) == 0:
             raise ValueError("ShardSampler needs a non-empty shard")
         if batch_size < 1:
@@ -22,6 +32,7 @@ class ShardSampler:
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
+        self.epoch_end = epoch_end
         self.epoch = 0
         self.position = 0
         self.version = 0  # bumped by load_state_dict: a loader reading ahead must start again from here
@@ -47,6 +58,8 @@ class ShardSampler:
         """The next ``batch_size`` dataset indices."""
         parts: list[np.ndarray] = []
         need = self.batch_size
+        if self.epoch_end:
+            need = min(need, len(self.indices) - self.position)
         while need > 0:
             take = self._epoch_order()[self.position : self.position + need]
             parts.append(self.indices[take])
@@ -60,7 +73,8 @@ class ShardSampler:
     def advance(self) -> None:
         """Move past one batch without producing its indices (a loader that read ahead consumed it)."""
         size = len(self.indices)
-        self.epoch, self.position = divmod(self.epoch * size + self.position + self.batch_size, size)
+        step = min(self.batch_size, size - self.position) if self.epoch_end else self.batch_size
+        self.epoch, self.position = divmod(self.epoch * size + self.position + step, size)
 
     def remaining_in_epoch(self) -> np.ndarray:
         """The indices this epoch still has to yield, in order."""
@@ -89,6 +103,8 @@ class ShardSampler:
 
     def copy(self) -> ShardSampler:
         """A sampler over the same shard at the same position (a loader's look-ahead)."""
-        twin = ShardSampler(self.indices, self.batch_size, seed=self.seed, shuffle=self.shuffle)
+        twin = ShardSampler(
+            self.indices, self.batch_size, seed=self.seed, shuffle=self.shuffle, epoch_end=self.epoch_end
+        )
         twin.epoch, twin.position = self.epoch, self.position
         return twin

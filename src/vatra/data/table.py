@@ -72,6 +72,7 @@ class Plan:
     kinds: dict[str, str]
     split_column: str = ""
     group: str = ""
+    keep: tuple[str, ...] = ()  # columns read but used as neither feature nor target (DataContext.keep)
 
     @property
     def inputs(self) -> list[str]:
@@ -80,7 +81,7 @@ class Plan:
     @property
     def needed(self) -> list[str]:
         """Every column a chunk must hold (what is read from the files)."""
-        extra = [c for c in (self.split_column, self.group) if c]
+        extra = [c for c in (self.split_column, self.group, *self.keep) if c]
         return list(dict.fromkeys(self.inputs + self.target + extra))
 
 
@@ -100,10 +101,11 @@ def make_plan(cfg: DataConfig, ctx: DataContext, schema: pa.Schema) -> Plan:
             raise ConfigError(
                 f"{key}: no column {', '.join(map(repr, missing))}; the table has columns: {present}"
             )
-    for key, col in (("data.split_column", cfg.split_column), ("data.group", cfg.group)):
+    named = [("data.split_column", cfg.split_column), ("data.group", cfg.group)]
+    for key, col in [*named, *(("federated.partition.column", c) for c in ctx.keep)]:
         if col and col not in types:
             raise ConfigError(f"{key}: no column {col!r}; the table has columns: {present}")
-    reserved = {*target, cfg.split_column, cfg.group}
+    reserved = {*target, cfg.split_column, cfg.group, *ctx.keep}
     features = list(cfg.features) or [c for c in names if c not in reserved]
     # A multitask target that is no head (context for a penalty) may also be an input, if listed.
     context = {t for t in target if multitask and t not in ctx.head_tasks} if cfg.features else set()
@@ -130,7 +132,7 @@ def make_plan(cfg: DataConfig, ctx: DataContext, schema: pa.Schema) -> Plan:
     if not features:
         raise ConfigError(f"data.features: no feature columns left; the table has columns: {present}")
     task, kinds = _target_kinds(cfg, ctx, target, {t: _kind_of(types[t]) for t in target}, multitask)
-    return Plan(target, numeric, categorical, task, kinds, cfg.split_column, cfg.group)
+    return Plan(target, numeric, categorical, task, kinds, cfg.split_column, cfg.group, tuple(ctx.keep))
 
 
 def _target_kinds(
@@ -330,7 +332,10 @@ def table_spec(pre: Preprocess) -> DatasetSpec:
 class TableDataset(BatchedDataset):
     """Rows of a preprocessed table held as tensors: ``get_batch`` is one indexing op per field."""
 
+    columns: dict[str, np.ndarray]  # DataContext.keep columns of these rows, e.g. an owner id
+
     def __init__(self, fields: dict[str, torch.Tensor], preprocess: Preprocess) -> None:
+        self.columns = {}
         self.fields = fields  # "x": (N, F), "ids": (N, K), "y" or "y/<column>"
         self.preprocess = preprocess
 
@@ -459,4 +464,8 @@ def build_table(cfg: DataConfig, ctx: DataContext) -> Datasets:
     )
     if train is None:
         raise ConfigError("data.split_column: no training rows; mark some rows 'train'")
+    for part, is_val in ((train, False), (val, True)):
+        if isinstance(part, TableDataset) and plan.keep:
+            rows = np.flatnonzero(row_val == is_val)
+            part.columns = {c: table.column(c).to_numpy(zero_copy_only=False)[rows] for c in plan.keep}
     return Datasets(train, val, table_spec(pre))

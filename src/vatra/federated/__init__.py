@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from vatra.config import FederatedConfig
 from vatra.federated import _requires  # noqa: F401  (before the rest: one line without the fl extra)
-from vatra.federated._base import Failure, FitIns, FitRes, Selector, Strategy, UploadHook, weighted_mean
+from vatra.federated._base import (
+    EvalRes,
+    Failure,
+    FitIns,
+    FitRes,
+    Selector,
+    Strategy,
+    UploadHook,
+    aggregate_client_metrics,
+    weighted_mean,
+)
 from vatra.federated.adaptive import AdaptiveSelector
 from vatra.federated.clustered import Clustered
 from vatra.federated.fedadam import FedAdam
@@ -33,6 +43,7 @@ __all__ = [
     "AdaptiveSelector",
     "AllSelector",
     "Clustered",
+    "EvalRes",
     "Failure",
     "FedAdam",
     "FedAvg",
@@ -46,6 +57,7 @@ __all__ = [
     "Selector",
     "Strategy",
     "UploadHook",
+    "aggregate_client_metrics",
     "build_selector",
     "build_strategy",
     "weighted_mean",

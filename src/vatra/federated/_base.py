@@ -9,7 +9,11 @@ One round, driven by :class:`vatra.federated.server.FederatedServer`::
     selector.observe(round, results, failures)
     merged    = hook.combine(round, results)            # e.g. secure aggregation: the sum only
     strategy.aggregate(round, merged, failures)         # None keeps the previous model
-    metrics   = strategy.evaluate(round, evaluator)
+    # evaluate (every ``federated.evaluate_every`` rounds), as Flower's evaluate phase:
+    server    = evaluator.score(strategy.server_models())     # the server's own held-out data, if any
+    ins       = strategy.configure_evaluate(round, available)
+    reports   = executor.evaluate(round, ins)           # each client scores on its own held-out rows
+    metrics   = strategy.aggregate_evaluate(round, reports)   # weighted by their validation sizes
 
 Updates travel as flat float32 vectors (``FitRes.update``: the client's weights after training
 minus the weights it was sent, in the order of :class:`vatra.federated.params.ParamLayout`).
@@ -31,7 +35,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from vatra.config import FederatedConfig
-    from vatra.federated.evaluate import Evaluator
     from vatra.federated.params import ParamLayout
 
 
@@ -57,12 +60,43 @@ class FitRes:
     payload: dict[str, np.ndarray] = field(default_factory=dict)  # an encoded update (UploadHook) on the wire
 
 
+@dataclass
+class EvalRes:
+    """What one client reports after scoring the model(s) it was sent on its own held-out rows."""
+
+    client_id: int
+    round: int
+    num_examples: int  # its validation rows: the weight of its metrics
+    metrics: dict[str, Any] = field(default_factory=dict)  # accuracy, loss, ... (the task's metrics)
+
+
 @dataclass(frozen=True)
 class Failure:
     """A selected client that returned nothing usable this round, and why."""
 
     client_id: int
     reason: str
+
+
+def aggregate_client_metrics(results: Sequence[EvalRes]) -> dict[str, Any]:
+    """``client_<metric>``: the mean over clients weighted by ``num_examples``; ``mean_client_accuracy``
+    and ``worst_client_accuracy`` (or ``_loss``) over the clients that reported."""
+    scored = [r for r in results if r.num_examples > 0 and r.metrics]
+    if not scored:
+        return {}
+    total = float(sum(r.num_examples for r in scored))
+    out: dict[str, Any] = {"evaluated_clients": len(scored), "evaluated_examples": int(total)}
+    names = sorted({k for r in scored for k, v in r.metrics.items() if isinstance(v, int | float)})
+    for name in names:
+        vals = [(r.num_examples, float(r.metrics[name])) for r in scored if name in r.metrics]
+        if vals and all(np.isfinite(v) for _, v in vals):
+            out[f"client_{name}"] = sum(n * v for n, v in vals) / sum(n for n, _ in vals)
+    for name, worst in (("accuracy", min), ("loss", max)):
+        per = [float(r.metrics[name]) for r in scored if name in r.metrics]
+        if per:
+            out[f"mean_client_{name}"] = float(np.mean(per))
+            out[f"worst_client_{name}"] = float(worst(per))
+    return out
 
 
 def weighted_mean(results: Sequence[FitRes]) -> np.ndarray:
@@ -98,7 +132,7 @@ class Strategy:
         self.weights = weights.astype(np.float32, copy=True)
 
     def fit_config(self) -> dict[str, Any]:
-        return {"local_steps": self.cfg.local_steps, "mu": 0.0}
+        return {"local_steps": self.cfg.local_steps, "local_epochs": self.cfg.local_epochs, "mu": 0.0}
 
     def configure_round(self, rnd: int, selected: Sequence[int]) -> dict[int, FitIns]:
         return {c: FitIns(c, rnd, [self.weights], self.fit_config()) for c in selected}
@@ -108,10 +142,19 @@ class Strategy:
     ) -> np.ndarray | None:
         raise NotImplementedError
 
-    def evaluate(self, rnd: int, evaluator: Evaluator) -> dict[str, Any]:
-        """Global accuracy of ``weights`` and every client's accuracy on its own distribution."""
-        acc, _ = evaluator.client_scores([self.weights])
-        return evaluator.summarize(acc[:, 0], acc[:, 0])
+    # -------------------------------------------------------------- evaluate
+    def server_models(self) -> list[np.ndarray]:
+        """The model(s) the server scores on its own held-out data: the global model."""
+        return [self.weights]
+
+    def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> dict[int, FitIns]:
+        """What each client scores on its own validation rows: the global model, by default."""
+        return {c: FitIns(c, rnd, [self.weights], self.fit_config()) for c in clients}
+
+    def aggregate_evaluate(self, rnd: int, results: Sequence[EvalRes]) -> dict[str, Any]:
+        """The clients' metrics, each weighted by its validation rows (``client_<name>``), and the mean
+        and worst client accuracy (or loss) for fairness."""
+        return aggregate_client_metrics(results)
 
     def update_size(self) -> int:
         """Length of the update vector clients must return (checked before aggregation)."""
@@ -185,7 +228,20 @@ class UploadHook:
         """Add this round's facts (ε, secure-aggregation survivors, protocol bytes) to its metrics row."""
 
     def resume(self, rows: list[dict[str, Any]]) -> None:
-        """Rebuild state (an accountant) from the metrics rows of a resumed run."""
+        """Rebuild state (an accountant) from the metrics rows of a resumed run whose checkpoint has
+        no hook state (older runs); :meth:`load_state` is preferred."""
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able server-side state saved in the server checkpoint (an accountant's)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state` on resume."""
+        del state
+
+    def encode_eval(self, res: EvalRes) -> EvalRes:
+        """A client's evaluation report before it leaves the client (privacy: a metric whitelist)."""
+        return res
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {}

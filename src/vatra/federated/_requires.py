@@ -1,8 +1,11 @@
-"""Federated learning needs the ``fl`` extra: imported first by the package, one line without it."""
+"""Federated learning needs the ``fl`` extra: imported first by the package, one line without it.
+
+Presence is checked without importing (opacus and grpc cost seconds to import; they load when used).
+"""
 
 from __future__ import annotations
 
-from vatra._extras import require
+from vatra._extras import check
 
 for _module in ("safetensors", "grpc", "cryptography", "opacus"):  # the wire, transport, keys, DP
-    require(_module, "fl", "federated learning")
+    check(_module, "fl", "federated learning")

@@ -1,6 +1,7 @@
 """``vatra fl certs``: a private CA, a TLS server certificate it signs, and one bearer token per client.
 
-Layout of the folder (keys and tokens are written with mode 0600)::
+Layout of the folder (0700; keys and tokens are created with mode 0600, never readable by others
+even for a moment, whatever the umask)::
 
     ca.pem  ca.key          the certificate authority (clients trust ca.pem)
     server.pem  server.key  the server's certificate (SAN: localhost, 127.0.0.1, ::1, extra hosts)
@@ -30,9 +31,28 @@ VALID_DAYS = 365
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.write_bytes(data)
-    if private:
-        os.chmod(path, 0o600)
+    if not private:
+        path.write_bytes(data)
+        return
+    # A fresh file created 0600 (fchmod: a umask such as 0o277 must not leave it 0400), filled,
+    # then renamed over the old one: no moment where the key is readable by others or half-written.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def _private_dir(path: Path) -> None:
+    """A folder only its owner can list or enter (it holds keys and tokens)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)  # an existing folder, or one the umask made narrower
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -48,12 +68,23 @@ def _san(host: str) -> x509.GeneralName:
         return x509.DNSName(host)
 
 
-def generate(folder: Path, clients: int, hosts: list[str] | None = None) -> None:
-    """Write a fresh CA, server certificate and ``clients`` tokens into ``folder``."""
+def generate(folder: Path, clients: int, hosts: list[str] | None = None, *, force: bool = False) -> None:
+    """Write a fresh CA, server certificate and ``clients`` tokens into ``folder``.
+
+    An existing CA is replaced only with ``force``: a new one invalidates every certificate and
+    token handed out before.
+    """
     if clients < 1:
         raise ConfigError(f"--clients {clients}: must be ≥ 1")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "clients").mkdir(exist_ok=True)
+    if not force and ((folder / "ca.pem").exists() or (folder / "ca.key").exists()):
+        raise ConfigError(
+            f"{folder} already holds a CA; pass --force to replace it (every certificate and token "
+            "it issued stops working) or choose another folder"
+        )
+    _private_dir(folder)
+    _private_dir(folder / "clients")
+    for old in (folder / "clients").glob("*.token"):  # tokens of a replaced CA must not linger
+        old.unlink()
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vatra federated CA")])

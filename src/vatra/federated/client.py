@@ -1,26 +1,36 @@
-"""Client-side training: the engine's ``Trainer`` on the client's own shard, one round at a time."""
+"""Client-side training and evaluation on the client's own rows, one round at a time.
+
+A :class:`LocalClient` trains and scores whichever client a task names, on the rows
+``data_of(client)`` gives: a simulation worker serves every simulated owner from one
+:class:`~vatra.federated.data.Federation`; a deployed client serves only itself, from its own data.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from vatra.config import Config
-from vatra.data import ShardSampler
+from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import Plugin, Trainer, seed_everything
-from vatra.federated._base import FitIns, FitRes, UploadHook
+from vatra.engine.optim import build_optimizer, build_scheduler
+from vatra.engine.trainer import call_model
+from vatra.federated._base import EvalRes, FitIns, FitRes, UploadHook
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.data import Federation
-from vatra.federated.evaluate import class_scores
+from vatra.federated.data import ClientData
+from vatra.federated.evaluate import Scorer, batch_fetcher
 from vatra.federated.params import ParamLayout
-from vatra.losses import CrossEntropy
+from vatra.losses import build_loss
 from vatra.models import build_model
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import nn
 
 PROBE_SAMPLES = 256  # local samples scored before and after training (fixed per client)
@@ -58,98 +68,147 @@ def client_speeds(seed: int, clients: int, sigma: float) -> np.ndarray:
 _INIT_LOCK = threading.Lock()  # seeding is process-global: threads (tests) must not interleave
 
 
-def initial_weights(cfg: Config, fed: Federation) -> tuple[nn.Module, ParamLayout, np.ndarray]:
-    """The model every process builds from the config seed, its layout and its flat weights."""
+def initial_weights(cfg: Config, spec: DatasetSpec) -> tuple[nn.Module, ParamLayout, np.ndarray]:
+    """The model every process builds from the config seed and the data's spec, its layout and weights."""
     with _INIT_LOCK:
         seed_everything(cfg.run.seed)
-        model = build_model(cfg.model, fed.spec)
+        model = build_model(cfg.model, spec)
     layout = ParamLayout.of(model)
     return model, layout, layout.flatten(model)
 
 
+def local_steps(conf: dict[str, Any], rows: int, batch_size: int) -> int:
+    """Steps of one round: ``local_epochs`` × ⌈rows / batch⌉ when set (FedAvg's E), else ``local_steps``."""
+    epochs = int(conf.get("local_epochs", 0))
+    if epochs > 0:
+        return epochs * -(-rows // batch_size)
+    return int(conf["local_steps"])
+
+
 class LocalClient:
-    """Trains whichever client a ``FitIns`` names, on that client's shard; reusable across clients.
+    """Trains and scores whichever client a task names, on that client's rows; reusable across clients.
 
     ``personal`` holds per-client head vectors (personalized strategy); a simulation worker
     passes them in and out, a deployed client keeps its own.
     """
 
-    def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        spec: DatasetSpec,
+        data_of: Callable[[int], ClientData],
+        hook: UploadHook | None = None,
+    ) -> None:
         self.cfg = cfg
-        self.fed = fed
-        self.loss = CrossEntropy()
-        self.model, self.layout, self.init = initial_weights(cfg, fed)
+        self.spec = spec
+        self.data_of = data_of
+        self.model, self.layout, self.init = initial_weights(cfg, spec)
+        self.loss = build_loss(cfg.train, spec)
+        self.scorer = Scorer(cfg, self.model, spec, self.loss)
         self.hook = hook or build_upload_hook(cfg, self.layout)
-        self.speeds = client_speeds(cfg.run.seed, fed.num_clients, cfg.federated.speed_sigma)
+        self.speeds = client_speeds(cfg.run.seed, cfg.federated.clients, cfg.federated.speed_sigma)
 
-    @torch.no_grad()
-    def _probe_loss(self, cid: int, vec: np.ndarray) -> float:
-        idx = self.fed.shards[cid][:PROBE_SAMPLES]
-        x, y = self.fed.train_for(cid).get_batch(idx)
-        self.layout.load(self.model, vec)
-        self.model.eval()
-        loss = float(self.loss(self.model(x), y))
-        self.model.train()
-        return loss
+    def _candidates(self, ins: FitIns, personal: np.ndarray | None) -> tuple[list[np.ndarray], int]:
+        head = self.layout.head_size(int(ins.config.get("personal_layers", 0)))
+        if head:
+            own = personal if personal is not None else self.init[-head:]
+            return [np.concatenate([m, own]) for m in ins.models], head
+        return list(ins.models), head
 
-    def _local_accuracy(self, cid: int, vec: np.ndarray) -> float:
-        shift = self.fed.shifts[cid]
-        val = self.fed.val_for_shift(shift)
-        assert val.y is not None
-        acc, _ = class_scores(self.model, self.layout, vec, val.x, val.y, self.fed.spec.num_classes)
+    def _probe(self, data: ClientData, vec: np.ndarray) -> float:
+        return self.scorer.loss_of(vec, data.train, data.train_rows[:PROBE_SAMPLES])
+
+    def _choose(self, data: ClientData, candidates: list[np.ndarray]) -> tuple[int, list[float]]:
+        """IFCA: the model that fits this client's training rows best (the only one when one is sent)."""
+        if len(candidates) == 1:
+            return 0, []
+        losses = [self._probe(data, vec) for vec in candidates]
+        return int(np.argmin(losses)), losses
+
+    def _train(
+        self, data: ClientData, sampler: ShardSampler, steps: int, plugins: list[Plugin]
+    ) -> list[float]:
+        """``steps`` optimizer steps on the sampler's batches: a fresh optimizer each round (the
+        config's, with its schedule over the round's steps), the config's gradient clipping, then
+        the plugins' ``after_backward`` (FedProx's proximal term, DP-SGD's per-sample clipping).
+
+        A lean loop rather than the engine's Trainer: a client round is a few milliseconds of
+        compute, and building a Trainer per round (loaders, timers, gradient-norm metrics) cost
+        more than the training itself.
+        """
+        params = [*self.model.parameters(), *self.loss.parameters()]
+        optimizer = build_optimizer(params, self.cfg.optim)
+        scheduler = build_scheduler(optimizer, self.cfg.optim, steps)
+        clip = self.cfg.train.clip_grad_norm
+        fetch = batch_fetcher(data.train)
+        view = SimpleNamespace(model=self.model)  # what the plugins read
+        losses = torch.zeros(steps, dtype=torch.float64)
         self.model.train()
-        return float(self.fed.label_hist[cid] @ acc)
+        for i in range(steps):
+            inputs, target = fetch(sampler.next_batch())
+            optimizer.zero_grad(set_to_none=True)
+            loss = self.loss(call_model(self.model, inputs), target)
+            loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            for plugin in plugins:
+                plugin.after_backward(view)  # type: ignore[arg-type]
+            optimizer.step()
+            scheduler.step()
+            losses[i] = loss.detach()
+        return losses.tolist()
 
     def fit(self, ins: FitIns, personal: np.ndarray | None = None) -> tuple[FitRes, np.ndarray | None]:
         """Train one round; returns the (hook-encoded) result and the client's new personal head."""
         cid, conf = ins.client_id, ins.config
-        steps, mu = int(conf["local_steps"]), float(conf.get("mu", 0.0))
-        head = self.layout.head_size(int(conf.get("personal_layers", 0)))
-        if head:
-            own = personal if personal is not None else self.init[-head:]
-            candidates = [np.concatenate([m, own]) for m in ins.models]
-        else:
-            candidates = list(ins.models)
-        losses = [self._probe_loss(cid, vec) for vec in candidates]
-        chosen = int(np.argmin(losses))  # IFCA: the cluster model that fits this client best
+        data = self.data_of(cid)
+        batch = self.cfg.train.batch_size
+        steps = local_steps(conf, data.num_train, batch)
+        mu = float(conf.get("mu", 0.0))
+        candidates, head = self._candidates(ins, personal)
+        chosen, probes = self._choose(data, candidates)
         start = candidates[chosen]
 
         self.layout.load(self.model, start)
         seed = client_seed(self.cfg.run.seed, ins.round, cid)
         seed_everything(seed)
-        local_cfg = self.cfg.model_copy(update={"train": self.cfg.train.model_copy(update={"steps": steps})})
         plugins: list[Plugin] = []
         if mu > 0:
             plugins.append(ProximalTerm(mu, [p.detach().clone() for p in self.model.parameters()]))
         plugins.extend(self.hook.client_plugins(self.model))
-        sampler = ShardSampler(self.fed.shards[cid], self.cfg.train.batch_size, seed=seed)
-        trainer = Trainer(
-            local_cfg,
-            self.model,
-            self.fed.train_for(cid),
-            None,
-            self.fed.spec,
-            sampler,
-            loss=self.loss,
-            plugins=plugins,
-        )
+        epochs = int(conf.get("local_epochs", 0)) > 0
+        sampler = ShardSampler(data.train_rows, batch, seed=seed, epoch_end=epochs)
         t0 = time.perf_counter()
-        train_losses = [trainer.train_step()["loss"] for _ in range(steps)]
+        train_losses = self._train(data, sampler, steps, plugins)
         train_time = time.perf_counter() - t0
 
         trained = self.layout.flatten(self.model)
-        loss_after = self._probe_loss(cid, trained)
-        modelled = steps * self.cfg.federated.step_time_s * float(self.speeds[cid])
+        modelled = steps * self.cfg.federated.step_time_s * float(self.speeds[cid % len(self.speeds)])
         metrics: dict[str, Any] = {
-            "loss_before": losses[chosen],
-            "loss_after": loss_after,
+            # the loss before training: the probe that chose the model, else the first step's batch
+            "loss_before": probes[chosen] if probes else float(train_losses[0]),
             "train_loss": float(np.mean(train_losses)),
+            "steps": steps,
             "train_time_s": train_time,
             "duration_s": modelled if self.cfg.federated.step_time_s > 0 else train_time,
             "model": chosen,
-            "local_accuracy": self._local_accuracy(cid, trained),
         }
+        if probes:  # clustered weighs its clusters by how well their members fit after training
+            metrics["loss_after"] = self._probe(data, trained)
         body = slice(0, self.layout.size - head)
         update = (trained[body].astype(np.float64) - start[body]).astype(np.float32)
-        res = FitRes(cid, ins.round, len(self.fed.shards[cid]), update, metrics)
+        res = FitRes(cid, ins.round, data.num_train, update, metrics)
         return self.hook.encode(res, ins), (trained[-head:].copy() if head else None)
+
+    def evaluate(self, ins: FitIns, personal: np.ndarray | None = None) -> EvalRes:
+        """Score the model(s) sent on this client's own held-out rows (the hook filters the report)."""
+        cid = ins.client_id
+        data = self.data_of(cid)
+        if not data.num_val:
+            return self.hook.encode_eval(EvalRes(cid, ins.round, 0, {}))
+        candidates, _ = self._candidates(ins, personal)
+        chosen, _ = self._choose(data, candidates)
+        metrics: dict[str, Any] = dict(self.scorer.score(candidates[chosen], data.val, data.val_rows))
+        if len(candidates) > 1:
+            metrics["model"] = chosen
+        return self.hook.encode_eval(EvalRes(cid, ins.round, data.num_val, metrics))

@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from vatra.config import FederatedConfig
-from vatra.federated._base import Failure, FitIns, FitRes, Strategy, weighted_mean
-from vatra.federated.evaluate import Evaluator
+from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, Strategy, weighted_mean
 from vatra.federated.params import ParamLayout
 
 
@@ -48,7 +47,7 @@ class Clustered(Strategy):
         return (a @ self.clusters.astype(np.float64)).astype(np.float32)
 
     def fit_config(self) -> dict[str, Any]:
-        return {"local_steps": self.cfg.local_steps, "mu": self.cfg.mu}
+        return {**super().fit_config(), "mu": self.cfg.mu}
 
     def configure_round(self, rnd: int, selected: Sequence[int]) -> dict[int, FitIns]:
         models = list(self.clusters)
@@ -73,14 +72,14 @@ class Clustered(Strategy):
         self.weights = self._integrate()
         return self.weights
 
-    def evaluate(self, rnd: int, evaluator: Evaluator) -> dict[str, Any]:
-        """Clients use the cluster model with the lowest loss on their data (as in training)."""
-        acc, loss = evaluator.client_scores([*self.clusters, self.weights])
-        k = self.cfg.clusters
-        pick = np.argmin(loss[:, :k], axis=1)
-        own = acc[np.arange(len(pick)), pick]
-        out = evaluator.summarize(acc[:, k], own)
-        out["cluster_sizes"] = np.bincount(pick, minlength=k).tolist()
+    def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> dict[int, FitIns]:
+        """Clients score the cluster model with the lowest loss on their data (as in training)."""
+        return self.configure_round(rnd, clients)
+
+    def aggregate_evaluate(self, rnd: int, results: Sequence[EvalRes]) -> dict[str, Any]:
+        out = super().aggregate_evaluate(rnd, results)
+        picks = [int(r.metrics["model"]) for r in results if "model" in r.metrics]
+        out["cluster_sizes"] = np.bincount(picks, minlength=self.cfg.clusters).tolist()
         return out
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -1,15 +1,30 @@
-"""Each client's data: non-IID label partitions (reusing ``vatra.data``), unequal sizes, feature shift."""
+"""Each client's data: what one owner holds (:class:`ClientData`), and simulated owners (:class:`Federation`).
+
+A deployed client builds its :class:`ClientData` from its own data source (``vatra fl client
+--data``: a file, a folder or an import string, any source of :mod:`vatra.data`) with
+:func:`own_data`; nothing about it leaves the process except what the protocol sends.
+
+A simulation holds every owner's rows in one process, split from one dataset by
+``federated.partition``: synthetic label splits (iid, dirichlet, label_skew, unequal sizes), natural
+owners from a table column (``column``), or an exact partition from a JSON file (``file``). Each
+simulated client then holds out ``federated.val_fraction`` of its own rows, as a real one would, and
+the dataset's validation split is the server's own held-out data.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 
-from vatra.config import Config, DataConfig, PartitionConfig
-from vatra.data import DatasetSpec, Split, build_dataset, partition
+from vatra.config import Config, PartitionConfig
+from vatra.data import DataContext, Datasets, DatasetSpec, Split, build_dataset, partition
 from vatra.errors import ConfigError
 
 ImageTransform = Callable[[np.ndarray], np.ndarray]  # (N, H, W) -> (N, H, W)
@@ -23,6 +38,126 @@ SHIFT_TRANSFORMS: dict[str, ImageTransform] = {
     "low_contrast": lambda x: 0.25 + 0.5 * x,
     "flip": lambda x: x[:, :, ::-1],
 }
+
+
+@dataclass
+class ClientData:
+    """One owner's data as its client holds it: the rows it trains on and the rows it holds out.
+
+    ``train`` and ``val`` are map-style datasets (``val`` may be ``train`` itself, with disjoint
+    rows); ``train_rows`` and ``val_rows`` index into them.
+    """
+
+    train: Any
+    train_rows: np.ndarray
+    val: Any | None
+    val_rows: np.ndarray
+    spec: DatasetSpec
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_rows)
+
+    @property
+    def num_val(self) -> int:
+        return len(self.val_rows) if self.val is not None else 0
+
+
+def spec_to_json(spec: DatasetSpec) -> dict[str, Any]:
+    """What a client tells the server about its data at join: shapes and sizes, never rows or names."""
+    return {
+        "kind": spec.kind,
+        "input_shape": list(spec.input_shape),
+        "num_classes": spec.num_classes,
+        "image_shape": list(spec.image_shape) if spec.image_shape else None,
+        "heads": {k: [h.kind, h.size] for k, h in spec.heads.items()},
+        "categorical": dict(spec.categorical),
+    }
+
+
+def spec_from_json(raw: Any) -> DatasetSpec:
+    """The inverse of :func:`spec_to_json`; ValueError when ``raw`` is not one."""
+    from vatra.data import TargetSpec
+
+    if not isinstance(raw, dict):
+        raise ValueError("the data spec is not an object")
+    try:
+        image = raw.get("image_shape")
+        return DatasetSpec(
+            kind=str(raw["kind"]),  # type: ignore[arg-type]
+            input_shape=tuple(int(d) for d in raw["input_shape"]),
+            num_classes=int(raw["num_classes"]),
+            image_shape=tuple(int(d) for d in image) if image else None,  # type: ignore[arg-type]
+            heads={str(k): TargetSpec(str(v[0]), int(v[1])) for k, v in dict(raw.get("heads", {})).items()},  # type: ignore[arg-type]
+            categorical={str(k): int(v) for k, v in dict(raw.get("categorical", {})).items()},
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise ValueError(f"malformed data spec: {err}") from None
+
+
+def _map_style(ds: Any, what: str) -> None:
+    if ds is not None and (isinstance(ds, IterableDataset) or not hasattr(ds, "__len__")):
+        raise ConfigError(
+            f"{what}: federated clients need a map-style dataset (with len and indexing); "
+            "a stream or iterable cannot be held out and resampled per round — set data.streaming = false"
+        )
+
+
+def own_data(datasets: Datasets, what: str = "--data") -> ClientData:
+    """A deployed client's :class:`ClientData`: all of its training split, all of its validation split."""
+    train, val, spec = datasets
+    _map_style(train, what)
+    _map_style(val, what)
+    if len(train) == 0:  # type: ignore[arg-type]
+        raise ConfigError(f"{what}: the training split is empty")
+    n_val = len(val) if val is not None else 0  # type: ignore[arg-type]
+    return ClientData(train, np.arange(len(train)), val, np.arange(n_val), spec)  # type: ignore[arg-type]
+
+
+def source_config(cfg: Config, source: str) -> Config:
+    """``cfg`` with its data section pointed at ``source``: an import string, or a file or folder.
+
+    A path keeps the config's ``data.name`` when it reads paths (table, npz, images) and is
+    otherwise read by its suffix: .csv/.tsv/.parquet/.pq → table, .npz → npz, a folder → images.
+    """
+    data = cfg.data
+    as_path = Path(source).expanduser()
+    if ":" in source and not as_path.exists() and "://" not in source:
+        return cfg.model_copy(update={"data": data.model_copy(update={"name": source})})
+    if "://" not in source and not as_path.exists():
+        raise ConfigError(f"--data {source}: no such file or folder (or give an import string 'pkg.mod:fn')")
+    name = data.name
+    if name not in ("table", "npz", "images"):
+        suffix = as_path.suffix.lower()
+        if suffix in (".csv", ".tsv", ".parquet", ".pq"):
+            name = "table"
+        elif suffix == ".npz":
+            name = "npz"
+        elif as_path.is_dir():
+            name = "images"
+        else:
+            raise ConfigError(
+                f"--data {source}: cannot tell the format; use .csv/.parquet, .npz or an image folder, "
+                "or set data.name in the config"
+            )
+    path = source if "://" in source else str(as_path.resolve())
+    updated = data.model_copy(update={"name": name, "path": path})
+    return cfg.model_copy(update={"data": updated})
+
+
+def load_source(cfg: Config, source: str, what: str, run_dir: Path | None = None) -> Datasets:
+    """The datasets of ``source`` read with the config's data options (target, features, split...)."""
+    local = source_config(cfg, source)
+    ctx = DataContext(
+        seed=cfg.run.seed,
+        run_dir=run_dir,
+        task=cfg.train.task,
+        head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
+    )
+    try:
+        return build_dataset(local.data, ctx)
+    except ConfigError as err:
+        raise ConfigError(f"{what} {source}: {err}") from None
 
 
 def shift_split(split: Split, spec: DatasetSpec, shift: str) -> Split:
@@ -39,10 +174,65 @@ def shift_split(split: Split, spec: DatasetSpec, shift: str) -> Split:
     return Split(torch.from_numpy(np.ascontiguousarray(shifted, dtype=np.float32)), split.y)
 
 
+def read_partition_file(path: str, n: int, clients: int) -> list[np.ndarray]:
+    """Per-client row lists from a JSON file: a list of ``clients`` disjoint lists of row indices."""
+    key = "federated.partition.file"
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"{key}: cannot read {path}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise ConfigError(f"{key}: {path} is not JSON: {err}") from None
+    if not isinstance(raw, list) or not all(
+        isinstance(rows, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in rows)
+        for rows in raw
+    ):
+        raise ConfigError(f"{key}: {path} must hold a JSON list of per-client lists of row indices")
+    if len(raw) != clients:
+        raise ConfigError(
+            f"{key}: {path} has {len(raw)} client lists but federated.clients = {clients}; "
+            f"set clients = {len(raw)}"
+        )
+    shards = [np.sort(np.asarray(rows, dtype=np.int64)) for rows in raw]
+    for c, rows in enumerate(shards):
+        if not len(rows):
+            raise ConfigError(f"{key}: client {c}'s list in {path} is empty")
+        if rows[0] < 0 or rows[-1] >= n:
+            raise ConfigError(
+                f"{key}: client {c} names row {int(rows[-1] if rows[-1] >= n else rows[0])}, "
+                f"outside the {n} training rows"
+            )
+    flat = np.concatenate(shards)
+    uniq, counts = np.unique(flat, return_counts=True)
+    if (counts > 1).any():
+        row = int(uniq[counts > 1][0])
+        owners = [c for c, rows in enumerate(shards) if row in set(rows.tolist())]
+        raise ConfigError(f"{key}: row {row} is in the lists of clients {owners}; each row has one owner")
+    return shards
+
+
+def column_shards(train: Any, column: str, clients: int) -> tuple[list[np.ndarray], list[str]]:
+    """One shard per distinct value of ``column`` (sorted), and those values as strings."""
+    values = getattr(train, "columns", {}).get(column)
+    if values is None:
+        raise ConfigError(
+            f"federated.partition.column = {column!r}: needs a table data source (data.name = 'table', "
+            "not streaming) with that column"
+        )
+    names, owner = np.unique(values.astype(str), return_inverse=True)
+    if len(names) != clients:
+        raise ConfigError(
+            f"federated.partition.column: {column!r} has {len(names)} distinct values in the training rows "
+            f"but federated.clients = {clients}; set clients = {len(names)}"
+        )
+    return [np.flatnonzero(owner == c) for c in range(len(names))], [str(v) for v in names]
+
+
 def client_shards(
     n: int, labels: np.ndarray | None, clients: int, p: PartitionConfig, seed: int
 ) -> list[np.ndarray]:
-    """One sorted index array per client. ``iid`` with ``size_skew`` > 0 draws log-normal sizes."""
+    """One sorted index array per client (synthetic splits). ``iid`` with ``size_skew`` > 0 draws
+    log-normal sizes."""
     if p.method == "iid" and p.size_skew > 0:
         if clients > n:
             raise ConfigError(f"federated.clients: cannot split {n} samples among {clients} clients")
@@ -61,22 +251,35 @@ def client_shards(
         raise ConfigError(str(err).replace("data.sharding", "federated.partition.method")) from None
 
 
+def hold_out(rows: np.ndarray, fraction: float, seed: int, client: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, held-out rows) of one client: a seeded ``fraction`` of its rows held out, at
+    least one left to train."""
+    k = min(round(fraction * len(rows)), len(rows) - 1)
+    if k <= 0:
+        return rows, rows[:0]
+    perm = np.random.default_rng([seed, 4, client]).permutation(len(rows))
+    return np.sort(rows[perm[k:]]), np.sort(rows[perm[:k]])
+
+
 @dataclass
 class Federation:
-    """Everything about the clients' data that simulation, clients and the server's evaluation use.
+    """Every simulated owner's data, split from one dataset (a simulation's whole world).
 
-    Client ``c`` trains on ``train_for(c)`` rows ``shards[c]``; its test distribution is the held-out
-    split under its own transform, with classes weighted as in its training shard (``label_hist``).
+    Client ``c`` owns training rows ``shards[c]`` (seen under its input transform ``shifts[c]``),
+    trains on ``train_rows[c]`` and evaluates on ``val_rows[c]``, both parts of its shard.
+    ``server_val`` is the dataset's validation split: the server's own held-out data.
     """
 
-    train: Split
-    val: Split
+    train: Any
+    val: Any | None
     spec: DatasetSpec
     shards: list[np.ndarray]
     shifts: list[str]  # per client
-    label_hist: np.ndarray  # (clients, classes) float64, rows sum to 1
-    _shifted_train: dict[str, Split]
-    _shifted_val: dict[str, Split]
+    train_rows: list[np.ndarray]
+    val_rows: list[np.ndarray]
+    owners: list[str]  # what names each client: its column value, or its index
+    _shifted_train: dict[str, Any]
+    server_val: Any | None
 
     @property
     def num_clients(self) -> int:
@@ -84,42 +287,73 @@ class Federation:
 
     @property
     def sizes(self) -> np.ndarray:
-        return np.array([len(s) for s in self.shards], dtype=np.int64)
+        return np.array([len(s) for s in self.train_rows], dtype=np.int64)
 
-    def train_for(self, client: int) -> Split:
-        return self._shifted_train[self.shifts[client]]
+    def client_data(self, client: int) -> ClientData:
+        train = self._shifted_train[self.shifts[client]]
+        return ClientData(train, self.train_rows[client], train, self.val_rows[client], self.spec)
 
-    def val_for_shift(self, shift: str) -> Split:
-        return self._shifted_val[shift]
+    def partition_json(self) -> str:
+        """The owners' rows as ``federated.partition.file`` reads them."""
+        return json.dumps([s.tolist() for s in self.shards])
+
+
+def _concat(splits: list[Split]) -> Split:
+    assert all(s.y is not None for s in splits)
+    return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]))  # type: ignore[misc]
 
 
 def build_federation(cfg: Config) -> Federation:
-    """Deterministic for the config: every process (simulation worker, server, client) agrees."""
+    """Deterministic for the config: every simulation worker builds the same owners."""
     fed = cfg.federated
-    data_cfg: DataConfig = cfg.data
-    train, val, spec = build_dataset(data_cfg, cfg.run.seed)
-    if not (isinstance(train, Split) and isinstance(val, Split)) or spec.kind != "classification":
-        raise ConfigError(
-            "data.name: federated simulation here needs an in-memory classification dataset "
-            "(digits, synthetic, npz)"
-        )
-    if train.y is None or val.y is None:
-        raise ConfigError("data.name: federated learning needs labelled data")
-    shards = client_shards(len(train), train.labels, fed.clients, fed.partition, cfg.run.seed)
-    names = fed.partition.feature_shift or ["identity"]
+    p = fed.partition
+    keep = (p.column,) if p.method == "column" else ()
+    ctx = DataContext(
+        seed=cfg.run.seed,
+        task=cfg.train.task,
+        head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
+        keep=keep,
+    )
+    if p.method == "column" and cfg.data.name != "table":
+        raise ConfigError("federated.partition.method = 'column' reads a table: set data.name = 'table'")
+    train: Any
+    val: Any
+    train, val, spec = build_dataset(cfg.data, ctx)
+    _map_style(train, "data")
+    _map_style(val, "data")
+    n = len(train)
+    owners = [str(c) for c in range(fed.clients)]
+    if p.method == "file":
+        shards = read_partition_file(p.file, n, fed.clients)
+    elif p.method == "column":
+        shards, owners = column_shards(train, p.column, fed.clients)
+    else:
+        labels = getattr(train, "labels", None)
+        if p.method in ("dirichlet", "label_skew") and labels is None:
+            raise ConfigError(
+                f"federated.partition.method = {p.method!r} splits by label; this dataset has no class "
+                "labels — use iid, column or file"
+            )
+        shards = client_shards(n, labels, fed.clients, p, cfg.run.seed)
+    names = p.feature_shift or ["identity"]
     shifts = [names[c % len(names)] for c in range(fed.clients)]
-    hist = np.zeros((fed.clients, spec.num_classes), dtype=np.float64)
-    labels = train.y.numpy()
-    for c, idx in enumerate(shards):
-        hist[c] = np.bincount(labels[idx], minlength=spec.num_classes) / len(idx)
     used = sorted(set(shifts))
+    if used != ["identity"] and not isinstance(train, Split):
+        raise ConfigError("federated.partition.feature_shift: needs an in-memory image dataset (digits, npz)")
+    shifted = {s: shift_split(train, spec, s) if s != "identity" else train for s in used}
+    server_val = val
+    if used != ["identity"] and isinstance(val, Split):
+        server_val = _concat([shift_split(val, spec, s) for s in used])
+    parts = [hold_out(rows, fed.val_fraction, cfg.run.seed, c) for c, rows in enumerate(shards)]
     return Federation(
         train,
         val,
         spec,
         shards,
         shifts,
-        hist,
-        {s: shift_split(train, spec, s) for s in used},
-        {s: shift_split(val, spec, s) for s in used},
+        [t for t, _ in parts],
+        [v for _, v in parts],
+        owners,
+        shifted,
+        server_val,
     )

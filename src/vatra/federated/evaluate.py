@@ -1,83 +1,102 @@
-"""Accuracy of server-side models on every client's own test distribution."""
+"""Scoring a flat weight vector on held-out rows: the server's own data, or a client's own split.
+
+Both sides use the task's metrics from :mod:`vatra.losses` (accuracy and loss for classification,
+MSE/MAE for regression, ...), so a federated run reports what a centralised one would.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
-from vatra.federated.data import Federation
+from vatra.config import Config
+from vatra.data import DatasetSpec
+from vatra.engine.trainer import call_model
 from vatra.federated.params import ParamLayout
-
-EVAL_BATCH = 1024
-
-
-@torch.no_grad()
-def class_scores(
-    model: nn.Module, layout: ParamLayout, vec: np.ndarray, x: torch.Tensor, y: torch.Tensor, classes: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-class accuracy and mean loss of weights ``vec`` on (x, y): two (classes,) arrays."""
-    layout.load(model, vec)
-    model.eval()
-    logits = torch.cat([model(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])  # (N, classes)
-    losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").double().numpy()
-    correct = (logits.argmax(dim=1) == y).double().numpy()
-    counts = np.maximum(np.bincount(y.numpy(), minlength=classes), 1)
-    acc = np.bincount(y.numpy(), weights=correct, minlength=classes) / counts
-    loss = np.bincount(y.numpy(), weights=losses, minlength=classes) / counts
-    return acc, loss
+from vatra.losses import build_metrics, resolve_task
 
 
-class Evaluator:
-    """Scores models the way each client would see them.
+def batch_fetcher(dataset: Any) -> Callable[[np.ndarray], Any]:
+    """A function from row indices to one batch: ``get_batch`` when it has one, else collated items."""
+    fetch = getattr(dataset, "get_batch", None)
+    if fetch is not None:
+        return fetch
+    return lambda idx: default_collate([dataset[int(j)] for j in idx])
 
-    Client ``c``'s test set is the held-out split under its own input transform, with classes
-    weighted like its training shard, so a client that only holds 3s and 8s is scored on 3s and 8s.
-    ``global_accuracy`` weights clients by their sample counts (the pooled distribution).
-    """
 
-    def __init__(self, fed: Federation, model: nn.Module) -> None:
-        self.fed = fed
+def row_batches(dataset: Any, rows: np.ndarray, batch_size: int) -> Iterator[tuple[Any, Any]]:
+    """``dataset``'s ``rows`` in order, ``batch_size`` at a time."""
+    fetch = batch_fetcher(dataset)
+    for i in range(0, len(rows), batch_size):
+        yield fetch(rows[i : i + batch_size])
+
+
+class Scorer:
+    """The task's metrics of a weight vector on some rows of a dataset (one model, reused)."""
+
+    def __init__(self, cfg: Config, model: nn.Module, spec: DatasetSpec, loss: nn.Module) -> None:
+        self.cfg = cfg
         self.model = model
         self.layout = ParamLayout.of(model)
-        self.classes = fed.spec.num_classes
+        self.spec = spec
+        self.loss = loss
+        self.task = resolve_task(cfg.train.task, spec)
 
-    def _per_shift(self, vec: np.ndarray, shifts: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        out = {}
-        for s in shifts:
-            split = self.fed.val_for_shift(s)
-            assert split.y is not None
-            out[s] = class_scores(self.model, self.layout, vec, split.x, split.y, self.classes)
-        return out
+    def score(self, vec: np.ndarray | None, dataset: Any, rows: np.ndarray) -> dict[str, float]:
+        """Metrics of weights ``vec`` (None: the model as loaded) on ``dataset[rows]``."""
+        return self.score_parts(vec, [(dataset, rows)])
 
-    def client_scores(self, models: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """(accuracy, loss), each (clients, models): every client scored with every model."""
-        shifts = sorted(set(self.fed.shifts))
-        acc = np.zeros((self.fed.num_clients, len(models)))
-        loss = np.zeros_like(acc)
-        for m, vec in enumerate(models):
-            scores = self._per_shift(vec, shifts)
-            for c, s in enumerate(self.fed.shifts):
-                acc[c, m] = self.fed.label_hist[c] @ scores[s][0]
-                loss[c, m] = self.fed.label_hist[c] @ scores[s][1]
-        return acc, loss
+    @torch.no_grad()
+    def score_parts(self, vec: np.ndarray | None, parts: list[tuple[Any, np.ndarray]]) -> dict[str, float]:
+        """Metrics of ``vec`` over several (dataset, rows) parts together ({} when there are no rows)."""
+        if not sum(len(rows) for _, rows in parts):
+            return {}
+        if vec is not None:
+            self.layout.load(self.model, vec)
+        was_training = self.model.training
+        self.model.eval()
+        metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss)
+        for dataset, rows in parts:
+            for inputs, target in row_batches(dataset, rows, self.cfg.train.eval_batch_size):
+                metrics.update(call_model(self.model, inputs), target)
+        self.model.train(was_training)
+        return {k: float(v) for k, v in metrics.compute(metrics.state()).items()}
 
-    def own_model_scores(self, per_client: Sequence[np.ndarray]) -> np.ndarray:
-        """Accuracy of client ``c`` with its own model ``per_client[c]``: (clients,)."""
-        out = np.zeros(self.fed.num_clients)
-        for c, vec in enumerate(per_client):
-            s = self.fed.shifts[c]
-            out[c] = self.fed.label_hist[c] @ self._per_shift(vec, [s])[s][0]
-        return out
+    @torch.no_grad()
+    def loss_of(self, vec: np.ndarray, dataset: Any, rows: np.ndarray) -> float:
+        """Mean loss of ``vec`` on ``dataset[rows]`` (one batch: a probe)."""
+        self.layout.load(self.model, vec)
+        was_training = self.model.training
+        self.model.eval()
+        inputs, target = next(row_batches(dataset, rows, len(rows)))
+        loss = float(self.loss(call_model(self.model, inputs), target))
+        self.model.train(was_training)
+        return loss
 
-    def summarize(self, global_acc: np.ndarray, client_acc: np.ndarray) -> dict[str, Any]:
-        """``global_acc``: each client's accuracy with the global model; ``client_acc``: with its own."""
-        w = self.fed.sizes / self.fed.sizes.sum()
-        return {
-            "global_accuracy": float(w @ global_acc),
-            "mean_client_accuracy": float(client_acc.mean()),
-            "worst_client_accuracy": float(client_acc.min()),
+
+class ServerEvaluator:
+    """The server's own held-out data (``vatra fl server --eval-data``: every row of it; a
+    simulation's validation split); ``score`` gives ``server_<metric>`` of the global model.
+
+    ``data`` is one map-style dataset, or several (a file read as train and val splits).
+    """
+
+    def __init__(self, scorer: Scorer, data: Any | None) -> None:
+        self.scorer = scorer
+        sets = [d for d in (data if isinstance(data, list | tuple) else [data]) if d is not None]
+        self.parts = [(d, np.arange(len(d))) for d in sets]
+        self.examples = sum(len(rows) for _, rows in self.parts)
+
+    def score(self, models: list[np.ndarray]) -> dict[str, Any]:
+        if not self.examples or not models:
+            return {}
+        out: dict[str, Any] = {
+            f"server_{k}": v for k, v in self.scorer.score_parts(models[0], self.parts).items()
         }
+        out["server_examples"] = self.examples
+        return out

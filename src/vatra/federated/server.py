@@ -1,8 +1,11 @@
 """The round loop shared by simulation and deployment: select, configure, fit, aggregate, evaluate, log.
 
-Only *how clients train* differs between the two (a :class:`ClientExecutor`: a process pool, or
-gRPC clients). The server checkpoints its whole state after every round and a new server on the
-same run folder resumes at the next round.
+Only *how clients train and evaluate* differs between the two (a :class:`ClientExecutor`: a
+process pool, or gRPC clients). The server never holds client data: it scores the global model on
+its own held-out data when it has some (``--eval-data``; a simulation's validation split) and
+aggregates what clients report about their own held-out rows. ``global_accuracy`` is the server's
+figure when it has one, else the clients' weighted one. The server checkpoints its whole state after
+every round and a new server on the same run folder resumes at the next round.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from vatra.config import Config
+from vatra.data import DatasetSpec
+from vatra.errors import VatraError
 from vatra.federated import build_selector, build_strategy
-from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
+from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import initial_weights
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.data import Federation
-from vatra.federated.evaluate import Evaluator
+from vatra.federated.evaluate import Scorer, ServerEvaluator
+from vatra.federated.robust import screen
 from vatra.federated.wire import WireError, decode, encode
+from vatra.losses import build_loss
 from vatra.rundir import RunDir, append_jsonl, read_jsonl
 
 CHECKPOINT = "server.safetensors"
@@ -42,9 +48,22 @@ class ClientExecutor(Protocol):
         """(accepted results, failures, bytes down, bytes up); results must have ``expected`` floats."""
         ...
 
+    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
+        """Each client's report on its own held-out rows (those without any report 0 examples)."""
+        ...
+
 
 def weights_digest(weights: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float32).tobytes()).hexdigest()
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _last(rows: list[dict[str, Any]], key: str) -> Any:
+    """The newest value of ``key`` (rows without a client evaluation leave it out)."""
+    return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
 
 
 class _RoundBar:
@@ -64,7 +83,7 @@ class _RoundBar:
         self.task = self.bar.add_task("rounds", total=total, completed=done, acc="-", worst="-", failed=0)
 
     def update(self, rnd: int, m: dict[str, Any]) -> None:
-        acc, worst = f"{m['global_accuracy']:.4f}", f"{m['worst_client_accuracy']:.4f}"
+        acc, worst = _fmt(m.get("global_accuracy")), _fmt(m.get("worst_client_accuracy"))
         self.bar.update(self.task, completed=rnd, acc=acc, worst=worst, failed=m["failures"])
 
     def stop(self) -> None:
@@ -75,10 +94,11 @@ class FederatedServer:
     def __init__(
         self,
         cfg: Config,
-        fed: Federation,
+        spec: DatasetSpec,
         run_dir: RunDir,
         executor: ClientExecutor,
         *,
+        eval_data: Any = None,
         hook: UploadHook | None = None,
         progress: bool = True,
     ) -> None:
@@ -87,9 +107,9 @@ class FederatedServer:
         self.run_dir = run_dir
         self.executor = executor
         self.progress = progress
-        model, layout, init = initial_weights(cfg, fed)
+        model, layout, init = initial_weights(cfg, spec)
         self.hook = hook or build_upload_hook(cfg, layout)
-        self.evaluator = Evaluator(fed, model)
+        self.evaluator = ServerEvaluator(Scorer(cfg, model, spec, build_loss(cfg.train, spec)), eval_data)
         self.strategy = build_strategy(self.fcfg, layout)
         self.selector = build_selector(self.fcfg, cfg.run.seed)
         self.round = 0  # rounds completed
@@ -103,10 +123,8 @@ class FederatedServer:
 
     def _save(self, metrics: dict[str, Any]) -> None:
         meta, arrays = self.strategy.state()
-        blob = encode(
-            {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics},
-            {f"strategy.{k}": v for k, v in arrays.items()},
-        )
+        facts = {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics}
+        blob = encode({**facts, "hook": self.hook.state()}, {f"strategy.{k}": v for k, v in arrays.items()})
         self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoint_path.with_suffix(".tmp")
         with tmp.open("wb") as f:
@@ -120,16 +138,27 @@ class FederatedServer:
             return False
         try:
             meta, tensors = decode(self.checkpoint_path.read_bytes())
-        except WireError as err:
-            raise WireError(f"{self.checkpoint_path}: {err}") from None
-        arrays = {k.removeprefix("strategy."): v for k, v in tensors.items()}
-        self.strategy.load_state(meta["strategy"], arrays)
-        self.selector.load_state(meta["selector"])
-        self.round = int(meta["round"])
+            arrays = {k.removeprefix("strategy."): v for k, v in tensors.items()}
+            self.strategy.load_state(meta["strategy"], arrays)
+            self.selector.load_state(meta["selector"])
+            self.round = int(meta["round"])
+            if (
+                not 0 <= self.round <= self.fcfg.rounds
+                or len(self.strategy.weights) != self.strategy.layout.size
+            ):
+                raise ValueError("its round or model size does not match this config")
+        except (WireError, KeyError, TypeError, ValueError, IndexError) as err:
+            raise VatraError(
+                f"server checkpoint {self.checkpoint_path} is unreadable ({type(err).__name__}: {err}); "
+                "restore it, or move it away to start this run folder over"
+            ) from None
         logged = {m.get("round") for m in read_jsonl(self.run_dir.metrics)}
         if self.round not in logged:  # crashed between checkpoint and metrics line
             append_jsonl(self.run_dir.metrics, meta["metrics"])
-        self.hook.resume(read_jsonl(self.run_dir.metrics))
+        if isinstance(meta.get("hook"), dict):
+            self.hook.load_state(meta["hook"])
+        else:  # a checkpoint from before hook state was saved
+            self.hook.resume(read_jsonl(self.run_dir.metrics))
         self.run_dir.log_event("resumed", round=self.round + 1)
         self._say(f"vatra: resuming at round {self.round + 1}/{self.fcfg.rounds} from {self.checkpoint_path}")
         return True
@@ -139,6 +168,30 @@ class FederatedServer:
         if self.progress:
             print(line, file=sys.stdout, flush=True)
 
+    def _aggregate(self, rnd: int, merged: list[FitRes], failures: list[Failure]) -> None:
+        """Aggregate, keeping the previous model when the result is not finite (a poisoned round)."""
+        meta, arrays = self.strategy.state()
+        before = (meta, {k: np.array(v, copy=True) for k, v in arrays.items()})
+        self.strategy.aggregate(rnd, merged, failures)
+        bad = [
+            k for k, v in self.strategy.state()[1].items() if v.dtype.kind == "f" and not np.isfinite(v).all()
+        ]
+        if bad:
+            self.strategy.load_state(*before)
+            self.run_dir.log_event("aggregate_rejected", round=rnd, reason=f"non-finite values in {bad}")
+
+    def evaluate(self, rnd: int, available: list[int]) -> dict[str, Any]:
+        """The server's own score (when it has data) and, on evaluation rounds, the clients' reports."""
+        out = self.evaluator.score(self.strategy.server_models())
+        every = self.fcfg.evaluate_every
+        if every and (rnd % every == 0 or rnd == self.fcfg.rounds):
+            reports, failures = self.executor.evaluate(rnd, self.strategy.configure_evaluate(rnd, available))
+            for f in failures:
+                self.run_dir.log_event("client_eval_failed", round=rnd, client=f.client_id, reason=f.reason)
+            out.update(self.strategy.aggregate_evaluate(rnd, sorted(reports, key=lambda r: r.client_id)))
+        out["global_accuracy"] = out.get("server_accuracy", out.get("client_accuracy"))
+        return out
+
     def run_round(self, rnd: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         available = self.executor.available()
@@ -147,28 +200,38 @@ class FederatedServer:
         ins = self.strategy.configure_round(rnd, selected)
         results, failures, down, up = self.executor.fit(rnd, ins, self.strategy.update_size())
         results.sort(key=lambda r: r.client_id)  # aggregation order fixed: same sums everywhere
+        # poisoning bounds (federated.robust): norms, sample counts, counts the clients declared
+        results, screened = screen(results, self.fcfg.robust, getattr(self.executor, "declared", None))
+        failures = [*failures, *screened]
         for f in failures:
             self.run_dir.log_event("client_failed", round=rnd, client=f.client_id, reason=f.reason)
         self.selector.observe(rnd, results, failures)
         merged = self.hook.combine(rnd, results)
         if len(results) >= self.fcfg.min_clients:
-            self.strategy.aggregate(rnd, merged, failures)
+            self._aggregate(rnd, merged, failures)
         else:
             self.run_dir.log_event(
                 "round_skipped", round=rnd, results=len(results), min_clients=self.fcfg.min_clients
             )
-        metrics: dict[str, Any] = {"round": rnd, **self.strategy.evaluate(rnd, self.evaluator)}
+        t_fit = time.perf_counter()
+        # a client that failed this round (silent, past the deadline, rejected) is not asked again:
+        # one deadline per client per round
+        failed = {f.client_id for f in failures}
+        metrics: dict[str, Any] = {
+            "round": rnd,
+            **self.evaluate(rnd, [c for c in available if c not in failed]),
+        }
         durations = [float(r.metrics.get("duration_s", 0.0)) for r in results]
+        losses = [float(r.metrics["train_loss"]) for r in results if "train_loss" in r.metrics]
         metrics.update(
             bytes_up=up,
             bytes_down=down,
             round_time_s=time.perf_counter() - t0,
+            fit_time_s=t_fit - t0,
             selected=selected,
             failures=len(failures),
             client_time_s=max(durations, default=0.0),  # the slowest client: a synchronous round's floor
-            train_loss=float(np.mean([r.metrics.get("train_loss", np.nan) for r in results]))
-            if results
-            else None,
+            train_loss=float(np.mean(losses)) if losses else None,
         )
         self.hook.round_metrics(rnd, metrics)
         return metrics
@@ -192,8 +255,8 @@ class FederatedServer:
                 self._save(metrics)
                 append_jsonl(self.run_dir.metrics, metrics)
                 line = (
-                    f"round {rnd}/{total} global_acc {metrics['global_accuracy']:.4f} "
-                    f"worst {metrics['worst_client_accuracy']:.4f} selected {len(metrics['selected'])} "
+                    f"round {rnd}/{total} global_acc {_fmt(metrics.get('global_accuracy'))} "
+                    f"worst {_fmt(metrics.get('worst_client_accuracy'))} selected {len(metrics['selected'])} "
                     f"failed {metrics['failures']} {metrics['round_time_s']:.2f} s"
                 )
                 if bar is not None:
@@ -208,9 +271,9 @@ class FederatedServer:
         if self.cfg.monitor.report:
             self._report(summary)
         self._say(
-            f"done: {summary['rounds']} rounds, global accuracy {summary['global_accuracy']:.4f}, "
-            f"mean client {summary['mean_client_accuracy']:.4f}, "
-            f"worst client {summary['worst_client_accuracy']:.4f}, "
+            f"done: {summary['rounds']} rounds, global accuracy {_fmt(summary['global_accuracy'])}, "
+            f"mean client {_fmt(summary['mean_client_accuracy'])}, "
+            f"worst client {_fmt(summary['worst_client_accuracy'])}, "
             f"rounds to {self.fcfg.target_accuracy:.0%}: {summary['rounds_to_target']}"
         )
         return summary
@@ -230,16 +293,19 @@ class FederatedServer:
         ordered = [rows[r] for r in sorted(rows)]
         last = ordered[-1]
         target = self.fcfg.target_accuracy
-        reached = [m["round"] for m in ordered if m["global_accuracy"] >= target]
+        scored = [m for m in ordered if m.get("global_accuracy") is not None]
+        reached = [m["round"] for m in scored if m["global_accuracy"] >= target]
         return {
             "strategy": self.fcfg.strategy,
             "selection": self.fcfg.selection,
             "clients": self.fcfg.clients,
             "rounds": last["round"],
-            "global_accuracy": last["global_accuracy"],
-            "mean_client_accuracy": last["mean_client_accuracy"],
-            "worst_client_accuracy": last["worst_client_accuracy"],
-            "best_global_accuracy": max(m["global_accuracy"] for m in ordered),
+            "global_accuracy": last.get("global_accuracy"),
+            "server_accuracy": last.get("server_accuracy"),
+            "client_accuracy": _last(ordered, "client_accuracy"),
+            "mean_client_accuracy": _last(ordered, "mean_client_accuracy"),
+            "worst_client_accuracy": _last(ordered, "worst_client_accuracy"),
+            "best_global_accuracy": max((m["global_accuracy"] for m in scored), default=None),
             "target_accuracy": target,
             "rounds_to_target": reached[0] if reached else None,
             "bytes_up": sum(m["bytes_up"] for m in ordered),

@@ -17,40 +17,53 @@ import numpy as np
 import torch
 
 from vatra.config import Config, config_from_dict, dump_toml
-from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
+from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation, build_federation
 from vatra.federated.privacy import build_private_hook
 from vatra.federated.server import FederatedServer
-from vatra.federated.wire import WireError, check_update, decode_res, encode_ins, encode_res
+from vatra.federated.wire import (
+    WireError,
+    check_update,
+    decode_eval_res,
+    decode_ins,
+    decode_res,
+    encode_eval_res,
+    encode_ins,
+    encode_res,
+)
 from vatra.rundir import RunDir
 
 _CLIENT: LocalClient | None = None  # one per worker process
 
 
-def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook | None) -> None:
+def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook | None, fed: Federation | None = None) -> None:
     global _CLIENT
     torch.set_num_threads(1)
     cfg = config_from_dict(raw_cfg)
-    _CLIENT = LocalClient(cfg, build_federation(cfg), hook)
+    fed = fed or build_federation(cfg)
+    _CLIENT = LocalClient(cfg, fed.spec, fed.client_data, hook)
 
 
 def _run_task(blob: bytes, personal: np.ndarray | None) -> tuple[bytes, np.ndarray | None]:
-    from vatra.federated.wire import decode_ins
-
     assert _CLIENT is not None, "worker not initialised"
     res, personal = _CLIENT.fit(decode_ins(blob), personal)
     return encode_res(res), personal
 
 
+def _run_eval(blob: bytes, personal: np.ndarray | None) -> bytes:
+    assert _CLIENT is not None, "worker not initialised"
+    return encode_eval_res(_CLIENT.evaluate(decode_ins(blob), personal))
+
+
 class SimulationExecutor:
-    """Every client is always available; a round's clients run in ``workers`` processes."""
+    """Every client is always available; a round's clients run in ``workers`` processes (or this one)."""
 
     def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
         self.cfg = cfg
         self.fed = fed
-        self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed)[1])
+        self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed.spec)[1])
         self.personal: dict[int, np.ndarray] = {}
         self.workers = cfg.federated.workers
         self.pool: ProcessPoolExecutor | None = None
@@ -63,23 +76,23 @@ class SimulationExecutor:
                 initargs=(raw, self.hook),
             )
         else:
-            _init_worker(cfg.model_dump(mode="json"), self.hook)
+            _init_worker(cfg.model_dump(mode="json"), self.hook, fed)
 
     def available(self) -> list[int]:
         return list(range(self.fed.num_clients))
+
+    def _map(self, fn: Any, blobs: list[bytes], personal: list[np.ndarray | None]) -> list[Any]:
+        if self.pool is None:
+            return [fn(b, p) for b, p in zip(blobs, personal, strict=True)]
+        chunk = max(1, len(blobs) // (4 * self.workers))
+        return list(self.pool.map(fn, blobs, personal, chunksize=chunk))
 
     def fit(
         self, rnd: int, ins: dict[int, FitIns], expected: int
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         order = sorted(ins)
         blobs = [encode_ins(ins[c]) for c in order]
-        personal = [self.personal.get(c) for c in order]
-        if self.pool is not None:
-            outs = list(
-                self.pool.map(_run_task, blobs, personal, chunksize=max(1, len(order) // (4 * self.workers)))
-            )
-        else:
-            outs = [_run_task(b, p) for b, p in zip(blobs, personal, strict=True)]
+        outs = self._map(_run_task, blobs, [self.personal.get(c) for c in order])
         results: list[FitRes] = []
         failures: list[Failure] = []
         for c, (blob, head) in zip(order, outs, strict=True):
@@ -97,6 +110,19 @@ class SimulationExecutor:
                 results.append(res)
         return results, failures, sum(map(len, blobs)), sum(len(b) for b, _ in outs)
 
+    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
+        order = [c for c in sorted(ins) if len(self.fed.val_rows[c])]  # clients that hold rows out
+        blobs = [encode_ins(ins[c]) for c in order]
+        outs = self._map(_run_eval, blobs, [self.personal.get(c) for c in order])
+        reports: list[EvalRes] = []
+        failures: list[Failure] = []
+        for c, blob in zip(order, outs, strict=True):
+            try:
+                reports.append(decode_eval_res(blob))
+            except WireError as err:
+                failures.append(Failure(c, str(err)))
+        return reports, failures
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
@@ -106,15 +132,23 @@ class SimulationExecutor:
 def simulate(
     cfg: Config, run_dir: RunDir, *, hook: UploadHook | None = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Run ``federated.rounds`` rounds in this process tree; writes and returns the summary."""
+    """Run ``federated.rounds`` rounds in this process tree; writes and returns the summary.
+
+    The owners' rows are written to the run folder as ``partition.json`` (the form
+    ``federated.partition.file`` reads), so the same partition can be reproduced anywhere.
+    """
     torch.set_num_threads(1)
     run_dir.create()
     run_dir.config.write_text(dump_toml(cfg))
     fed = build_federation(cfg)
+    (run_dir.path / "partition.json").write_text(fed.partition_json())
     hook = hook or build_private_hook(cfg, run_dir)  # None unless secure aggregation or DP is on
     executor = SimulationExecutor(cfg, fed, hook)
     clients = hook.wrap(executor) if hook is not None else executor
     try:
-        return FederatedServer(cfg, fed, run_dir, clients, hook=hook, progress=progress).run()
+        server = FederatedServer(
+            cfg, fed.spec, run_dir, clients, eval_data=fed.server_val, hook=hook, progress=progress
+        )
+        return server.run()
     finally:
         executor.close()

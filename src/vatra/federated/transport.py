@@ -4,13 +4,21 @@ No protoc step: four unary methods of ``vatra.fl.Federation`` carry raw bytes (s
 messages, :mod:`vatra.federated.wire`). Every call carries ``x-vatra-client`` and
 ``x-vatra-token`` metadata; the server checks the token against ``tokens.json`` (constant time).
 
-- ``Join`` — say hello; ``Heartbeat`` — every ``heartbeat_s``; a client silent for
-  ``heartbeat_s × heartbeat_misses`` is a drop-out (a failure of its round).
-- ``Poll`` — long poll: returns the client's task for the current round, ``wait`` or ``done``.
-- ``Submit`` — the client's update; rejected (INVALID_ARGUMENT, with the reason, logged in
-  events.jsonl) when it is for another round, has the wrong shape or dtype, or holds NaN/inf.
+- ``Join`` — say hello with the shape of its data (:func:`~vatra.federated.data.spec_to_json`:
+  input shape, classes; no rows, no names) and its training-row count. Without ``--eval-data`` the
+  server builds its model from the first client's spec; a client whose spec differs is refused.
+- ``Heartbeat`` — every ``heartbeat_s``; a client silent for ``heartbeat_s × heartbeat_misses`` is
+  a drop-out (a failure of its round).
+- ``Poll`` — long poll: returns the client's task for the current phase (train, or evaluate on its
+  own held-out rows: ``config["phase"] == "evaluate"``), ``wait`` or ``done``.
+- ``Submit`` — the client's update or evaluation report; rejected (INVALID_ARGUMENT, with the
+  reason, logged in events.jsonl) when it is for another round, has the wrong shape or dtype, or
+  holds NaN/inf.
 
-A round waits for all selected clients, drop-outs or ``round_deadline_s``, whichever comes first.
+Each client holds its own data (``vatra fl client --data``; the server never builds client data)
+and the server evaluates on its own held-out file when given (``vatra fl server --eval-data``).
+A round's training phase waits for all selected clients, drop-outs or ``round_deadline_s``
+(one deadline for the whole round, secure-aggregation stages included), whichever comes first.
 """
 
 from __future__ import annotations
@@ -27,85 +35,148 @@ import numpy as np
 import torch
 
 from vatra.config import Config
+from vatra.data import DataContext, DatasetSpec, build_dataset
 from vatra.errors import ConfigError, VatraError
-from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
+from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials, client_credentials
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.data import Federation, build_federation
+from vatra.federated.data import ClientData, load_source, own_data, spec_from_json, spec_to_json
+from vatra.federated.guard import (
+    TokenAuth,
+    max_concurrent_rpcs,
+    metadata_client,
+    payload_rule,
+    receive_limit,
+    server_options,
+)
 from vatra.federated.privacy import build_private_hook
+from vatra.federated.secagg import SecAggError
 from vatra.federated.secagg.deploy import secagg_reply
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
     WireError,
     check_update,
     decode,
+    decode_eval_res,
     decode_ins,
     decode_res,
+    decode_views,
     encode,
+    encode_eval_res,
     encode_ins,
     encode_res,
 )
 from vatra.rundir import RunDir
 
 SERVICE = "vatra.fl.Federation"
-MAX_MESSAGE = 512 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-]
 # gRPC's default reconnect backoff grows to 120 s: a client that started before its server, or
 # outlived a server restart, would sit idle long after the server is back. Cap it at 2 s.
-CLIENT_OPTIONS = [
-    *GRPC_OPTIONS,
+RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
+
+
+def message_sizes(cfg: Config, spec: DatasetSpec) -> tuple[int, int]:
+    """(largest upload, largest download) the protocol sends for this model: the guard's limits."""
+    fc = cfg.federated
+    floats = initial_weights(cfg, spec)[1].size
+    peers = fc.clients if fc.secure_aggregation.enabled else 0
+    models = fc.clusters if fc.strategy == "clustered" else 1
+    return receive_limit(floats, 1, peers), receive_limit(floats, models, peers)
+
+
 POLL_WAIT_S = 2.0
 
 
 class Hub:
     """State shared by the gRPC handler threads and the round loop (guarded by one condition)."""
 
-    def __init__(self, cfg: Config, creds: ServerCredentials, run_dir: RunDir, hook: UploadHook) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        creds: ServerCredentials,
+        run_dir: RunDir,
+        hook: UploadHook,
+        spec: DatasetSpec | None = None,
+    ) -> None:
         self.cfg = cfg.federated
         self.creds = creds
         self.run_dir = run_dir
         self.hook = hook
         self.cond = threading.Condition()
+        self.spec = spec  # the model's data spec: the server's eval data, else the first client's
+        self.declared: dict[int, int] = {}  # training rows each client declared at join
         self.last_seen: dict[int, float] = {}
         self.round = 0
+        self.phase = "fit"
+        self.round_deadline = 0.0  # monotonic: the whole round (training and secure aggregation)
         self.tasks: dict[int, bytes] = {}
         self.expected = 0
-        self.results: dict[int, FitRes] = {}
+        self.results: dict[int, FitRes | EvalRes] = {}
         self.failures: dict[int, str] = {}
         self.bytes_down = 0
         self.bytes_up = 0
         self.done = False
+        self.payload_ok: Callable[[str], bool] | None = None  # payload tensors a fit result may carry
         self.stage_tasks: dict[int, bytes] = {}  # secure aggregation: this stage's request per client
         self.stage_replies: dict[int, bytes | str] = {}
 
     # ------------------------------------------------------------ handlers
     def _auth(self, context: grpc.ServicerContext) -> int:
-        md = dict(context.invocation_metadata())
-        token = str(md.get("x-vatra-token", ""))
-        try:
-            cid = int(md.get("x-vatra-client", ""))
-        except ValueError:
-            cid = -1
+        """The caller's id; the interceptor (:class:`~vatra.federated.guard.TokenAuth`) has checked
+        its token before any body was read (checked again here: cheap, and handlers stay safe alone)."""
+        cid, token = metadata_client(context.invocation_metadata())
         if cid < 0 or not self.creds.check(cid, token):
-            reason = f"client {md.get('x-vatra-client')!r}: unknown client id or wrong token"
-            self.run_dir.log_event("rejected", reason=reason, peer=context.peer())
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown client id or wrong token")
         with self.cond:
             self.last_seen[cid] = time.monotonic()
         return cid
 
     def join(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         cid = self._auth(context)
-        self.run_dir.log_event("joined", client=cid, peer=context.peer())
+        try:
+            meta, _ = decode_views(request)
+            spec = spec_from_json(meta.get("spec"))
+            given = meta.get("num_train")
+            if not isinstance(given, int) or isinstance(given, bool) or not 0 < given < 2**53:
+                raise ValueError(f"num_train must be a positive integer, got {given!r}")
+            rows = given
+        except (WireError, ValueError, TypeError) as err:
+            reason = f"client {cid}: a join must say the shape of its data ({err})"
+            self.run_dir.log_event("join_refused", client=cid, reason=reason)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        with self.cond:
+            if self.spec is None:
+                self.spec = spec
+                self.run_dir.log_event("model_spec", client=cid, spec=spec_to_json(spec))
+                self.cond.notify_all()
+            mine, theirs = spec_to_json(self.spec), spec_to_json(spec)
+        if mine != theirs:
+            diff = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs.get(k)}
+            reason = f"client {cid}'s data does not fit the server's model: (client, server) = {diff}"
+            self.run_dir.log_event("join_refused", client=cid, reason=reason)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+        with self.cond:
+            self.declared[cid] = rows
+        self.run_dir.log_event("joined", client=cid, peer=context.peer(), rows=rows)
         return encode({"kind": "joined", "rounds": self.cfg.rounds, "heartbeat_s": self.cfg.heartbeat_s})
+
+    def wait_spec(self) -> DatasetSpec:
+        """The model's data spec: known already, or the first joining client's."""
+        deadline = time.monotonic() + self.cfg.join_timeout_s
+        with self.cond:
+            while self.spec is None:
+                if time.monotonic() > deadline:
+                    raise VatraError(
+                        f"no client joined within federated.join_timeout_s = {self.cfg.join_timeout_s:g} s "
+                        "(the server learns the model's input shape from the first client, or from "
+                        "--eval-data)"
+                    )
+                self.cond.wait(0.2)
+            return self.spec
 
     def heartbeat(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._auth(context)
@@ -133,8 +204,12 @@ class Hub:
     def submit(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         cid = self._auth(context)
         reason = None
+        res: FitRes | EvalRes | None
         try:
-            res = self.hook.decode(decode_res(request))
+            if self.phase == "eval":
+                res = decode_eval_res(request)
+            else:
+                res = self.hook.decode(decode_res(request, allowed_payload=self.payload_ok))
         except WireError as err:
             res, reason = None, str(err)
         with self.cond:
@@ -147,7 +222,7 @@ class Hub:
                 reason = f"client {cid} already returned round {self.round}"
             elif res is not None and cid in self.failures:
                 reason = f"round {self.round} was already closed for client {cid} ({self.failures[cid]})"
-            elif res is not None:
+            elif isinstance(res, FitRes):
                 reason = check_update(res, self.expected)
             if reason is None and res is not None:
                 self.results[cid] = res
@@ -199,16 +274,16 @@ class Hub:
                     )
                 self.cond.wait(0.2)
 
-    def fit(
-        self, rnd: int, ins: dict[int, FitIns], expected: int
-    ) -> tuple[list[FitRes], list[Failure], int, int]:
+    def _phase(
+        self, phase: str, rnd: int, ins: dict[int, FitIns], expected: int, deadline: float
+    ) -> tuple[list[Any], list[Failure], int, int]:
+        """Post one task per client and wait for each: a result, a rejection, a drop-out or ``deadline``."""
         with self.cond:
-            self.round, self.expected = rnd, expected
+            self.round, self.expected, self.phase = rnd, expected, phase
             self.tasks = {c: encode_ins(i) for c, i in ins.items()}
             self.results, self.failures = {}, {}
             self.bytes_down = self.bytes_up = 0
             self.cond.notify_all()
-            deadline = time.monotonic() + self.cfg.round_deadline_s
             limit = self.cfg.heartbeat_s * self.cfg.heartbeat_misses
             while True:
                 now = time.monotonic()
@@ -227,10 +302,30 @@ class Hub:
             failures = [Failure(c, r) for c, r in sorted(self.failures.items())]
             return results, failures, self.bytes_down, self.bytes_up
 
+    def fit(
+        self, rnd: int, ins: dict[int, FitIns], expected: int
+    ) -> tuple[list[FitRes], list[Failure], int, int]:
+        self.round_deadline = time.monotonic() + self.cfg.round_deadline_s
+        return self._phase("fit", rnd, ins, expected, self.round_deadline)
+
+    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
+        for i in ins.values():
+            i.config = {**i.config, "phase": "evaluate"}
+        deadline = time.monotonic() + self.cfg.round_deadline_s
+        reports, failures, _, _ = self._phase("eval", rnd, ins, 0, deadline)
+        return reports, failures
+
     def finish(self) -> None:
         with self.cond:
             self.done = True
             self.cond.notify_all()
+
+
+def server_eval_data(cfg: Config, source: str, run_dir: RunDir) -> tuple[list[Any], DatasetSpec]:
+    """Every row of the server's own held-out file (its train and val splits together) and its spec."""
+    datasets = load_source(cfg, source, "--eval-data", run_dir.path)
+    own_data(datasets, "--eval-data")  # map-style, not empty
+    return [d for d in (datasets.train, datasets.val) if d is not None], datasets.spec
 
 
 def serve(
@@ -239,18 +334,46 @@ def serve(
     certs: Path,
     run_dir: RunDir,
     *,
+    eval_data: str | Any = None,
+    spec: DatasetSpec | None = None,
     hook: UploadHook | None = None,
     progress: bool = True,
     on_bound: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the federated server on ``address`` until ``federated.rounds`` are done."""
+    """Run the federated server on ``address`` until ``federated.rounds`` are done.
+
+    ``eval_data`` is the server's own held-out data: a file or import string read with the
+    config's data options (its spec sizes the model), or a dataset (with ``spec`` when known,
+    else the model is sized from the first client's). Without it the global model is scored by the
+    clients only.
+    """
     hook = hook or build_private_hook(cfg, run_dir)  # secure aggregation / DP, when configured
     creds = ServerCredentials(certs)
     run_dir.create()
-    fed = build_federation(cfg)
-    hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed)[1])
-    hub = Hub(cfg, creds, run_dir, hook)
-    server = grpc.server(ThreadPoolExecutor(max_workers=2 * cfg.federated.clients + 8), options=GRPC_OPTIONS)
+    held: Any = eval_data
+    if isinstance(eval_data, str):
+        held, spec = server_eval_data(cfg, eval_data, run_dir)
+    hub = Hub(
+        cfg, creds, run_dir, hook or UploadHook(), spec
+    )  # the upload hook is set once the model is known
+    # Every call is authenticated from its metadata before a handler runs; messages are capped
+    # near the largest the protocol sends (gRPC refuses a bigger one while reading it). Until the
+    # model's size is known (no --eval-data file), the cap is federated.max_message_mb and
+    # authenticated calls are held to Join-sized messages.
+    auth = TokenAuth(creds, run_dir.log_event)
+    if spec is not None:
+        upload, download = message_sizes(cfg, spec)
+        auth.request_limit = upload
+    else:
+        upload = download = int(cfg.federated.max_message_mb * 2**20)
+        auth.request_limit = receive_limit(0)
+    calls = max_concurrent_rpcs(cfg.federated.clients)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=calls),
+        interceptors=[auth],
+        options=server_options(upload, download),
+        maximum_concurrent_rpcs=calls,
+    )
     server.add_generic_rpc_handlers((hub.handler(),))
     tls = grpc.ssl_server_credentials([(creds.key, creds.cert)])
     try:
@@ -265,7 +388,15 @@ def serve(
     if on_bound is not None:
         on_bound(port)
     try:
-        summary = FederatedServer(cfg, fed, run_dir, hook.wrap(hub), hook=hook, progress=progress).run()
+        spec = hub.wait_spec()
+        hook = hook or build_upload_hook(cfg, initial_weights(cfg, spec)[1])
+        hub.hook = hook
+        hub.payload_ok = payload_rule(hook)
+        auth.request_limit = message_sizes(cfg, spec)[0]
+        fl_server = FederatedServer(
+            cfg, spec, run_dir, hook.wrap(hub), eval_data=held, hook=hook, progress=progress
+        )
+        summary = fl_server.run()
         hub.finish()
         time.sleep(min(POLL_WAIT_S, cfg.federated.heartbeat_s) + 0.5)  # let polling clients hear "done"
         return summary
@@ -276,9 +407,11 @@ def serve(
 class RemoteServer:
     """A client's connection: TLS channel plus its id and token on every call."""
 
-    def __init__(self, target: str, ca: bytes, client_id: int, token: str) -> None:
+    def __init__(
+        self, target: str, ca: bytes, client_id: int, token: str, options: list[tuple[str, int]] | None = None
+    ) -> None:
         creds = grpc.ssl_channel_credentials(root_certificates=ca)
-        self.channel = grpc.secure_channel(target, creds, options=CLIENT_OPTIONS)
+        self.channel = grpc.secure_channel(target, creds, options=[*(options or []), *RECONNECT_OPTIONS])
         self.metadata = (("x-vatra-client", str(client_id)), ("x-vatra-token", token))
         self.calls = {
             m: self.channel.unary_unary(f"/{SERVICE}/{m}")
@@ -292,19 +425,34 @@ class RemoteServer:
         self.channel.close()
 
 
+def client_data(cfg: Config, data: str | ClientData | None) -> ClientData:
+    """This client's own data: ``--data`` (a file, folder or import string), or the config's data section."""
+    if isinstance(data, ClientData):
+        return data
+    if data:
+        return own_data(load_source(cfg, data, "--data"), "--data")
+    ctx = DataContext(seed=cfg.run.seed, task=cfg.train.task)
+    return own_data(build_dataset(cfg.data, ctx), "data")
+
+
 def run_client(
     cfg: Config,
     target: str,
     client_id: int,
     certs: Path,
     *,
+    data: str | ClientData | None = None,
     retry_s: float = 60.0,
     slow_s: float = 0.0,
     hook: UploadHook | None = None,
     progress: bool = True,
 ) -> int:
-    """Join, then train every task the server sends until it says done; returns rounds trained.
+    """Join, then train and evaluate on this client's own data until the server is done; returns
+    rounds trained.
 
+    ``data`` is what this owner holds (``--data``); without it the config's data section is. The
+    client trains on its training split and evaluates on its own validation split; its rows and
+    their labels never leave this process.
     Survives a server restart: on UNAVAILABLE it reconnects for up to ``retry_s`` seconds.
     ``slow_s`` sleeps before each upload (a slow device, for drills and tests).
     """
@@ -312,9 +460,11 @@ def run_client(
         raise ConfigError(f"--client-id {client_id}: must be in [0, {cfg.federated.clients})")
     torch.set_num_threads(1)
     ca, token = client_credentials(certs, client_id)
-    fed: Federation = build_federation(cfg)
-    local = LocalClient(cfg, fed, hook or build_private_hook(cfg, device=True))
-    remote = RemoteServer(target, ca, client_id, token)
+    own = client_data(cfg, data)
+    local = LocalClient(cfg, own.spec, lambda _cid: own, hook or build_private_hook(cfg, device=True))
+    hello = encode({"kind": "join", "spec": spec_to_json(own.spec), "num_train": own.num_train})
+    upload, download = message_sizes(cfg, own.spec)  # what this client sends, what it may receive
+    remote = RemoteServer(target, ca, client_id, token, server_options(download, upload))
     stop = threading.Event()
     personal: np.ndarray | None = None
 
@@ -337,7 +487,7 @@ def run_client(
         while True:
             try:
                 if not joined:
-                    remote.call("Join")
+                    remote.call("Join", hello)
                     joined = True
                     say(f"joined {target}")
                 blob = remote.call("Poll", timeout=POLL_WAIT_S + 30)
@@ -347,19 +497,35 @@ def run_client(
                     say(f"done after {trained} round(s)")
                     return trained
                 if meta.get("kind") == "secagg":  # a secure-aggregation stage: answer it
-                    remote.call("SecAgg", local.hook.respond(blob))
+                    try:
+                        remote.call("SecAgg", local.hook.respond(blob))
+                    except grpc.RpcError as err:  # a late or refused reply costs this stage, not the client
+                        if err.code() not in (
+                            grpc.StatusCode.FAILED_PRECONDITION,
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                        ):
+                            raise
+                        say(f"secure-aggregation reply not taken: {err.details()}")
                     continue
                 if meta.get("kind") != "fit_ins":
                     continue
                 ins = decode_ins(blob)
-                res, personal = local.fit(ins, personal)
+                if ins.config.get("phase") == "evaluate":
+                    report = local.evaluate(ins, personal)
+                    remote.call("Submit", encode_eval_res(report))
+                    continue
+                try:
+                    res, personal = local.fit(ins, personal)
+                except SecAggError as err:  # e.g. a server asking to train a round twice: refuse, stay up
+                    say(f"round {ins.round}: refused: {err}")
+                    continue
                 if slow_s:
                     time.sleep(slow_s)
                 try:
                     remote.call("Submit", encode_res(res))
                     trained += 1
-                    m = res.metrics
-                    say(f"round {ins.round}: loss {m['loss_before']:.4f} → {m['loss_after']:.4f}")
+                    loss = float(res.metrics.get("train_loss", float("nan")))
+                    say(f"round {ins.round}: {res.metrics.get('steps', '?')} steps, train loss {loss:.4f}")
                 except grpc.RpcError as err:
                     if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
                         raise

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.ensemble import IsolationForest
 
 from vatra.monitor._learned import LearnedDetector
+
+if TYPE_CHECKING:
+    from sklearn.ensemble import IsolationForest
 
 EULER_GAMMA = 0.5772156649015329
 
@@ -126,6 +129,8 @@ class IsolationForestDetector(LearnedDetector):
     max_threshold = 0.95
 
     def _fit(self, x: np.ndarray) -> BoxedForest:
+        from sklearn.ensemble import IsolationForest  # scikit-learn loads when a forest is fitted
+
         forest = IsolationForest(
             n_estimators=self.n_estimators,
             max_samples=min(256, len(x)),

@@ -60,8 +60,29 @@ PANELS = (
     Panel("Per-rank compute time (s, window mean): stragglers stand out", ("rank_compute_time_s",)),
     Panel("Process CPU (%) and memory (MB)", ("cpu_percent", "rss_mb"), marks=False),
     Panel("GPU (NVML)", ("gpu_util_percent", "gpu_mem_mb", "gpu_temp_c"), marks=False),
+    # federated runs: one panel per family of round metrics, so their curves share an axis
+    Panel(
+        "Federated accuracy: the server's data, the clients' weighted, their mean and worst",
+        (
+            "global_accuracy",
+            "server_accuracy",
+            "client_accuracy",
+            "mean_client_accuracy",
+            "worst_client_accuracy",
+        ),
+        marks=False,
+    ),
+    Panel(
+        "Federated loss", ("server_loss", "client_loss", "mean_client_loss", "worst_client_loss"), log_y=True
+    ),
+    Panel("Federated macro F1", ("server_macro_f1", "client_macro_f1"), marks=False),
+    Panel("Bytes per round", ("bytes_up", "bytes_down"), marks=False),
+    Panel("Round time (s)", ("round_time_s", "fit_time_s", "client_time_s"), marks=False),
 )
-SKIP_EXTRA = {"step", "round", "skipped", "step_time_s", "compute_time_s", "slowest_rank", "attempt"}
+SKIP_EXTRA = {
+    "step", "round", "skipped", "step_time_s", "compute_time_s", "slowest_rank", "attempt",
+    "server_examples", "evaluated_clients", "evaluated_examples",
+}  # fmt: skip
 EVENT_STYLE = {  # event -> (colour, line style, label)
     "anomaly": ("tab:red", ":", "anomaly"),
     "skip_update": ("tab:gray", "--", "skipped update"),

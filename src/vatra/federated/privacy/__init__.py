@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 from vatra.federated.privacy.accountant import Accountant
-from vatra.federated.privacy.hook import PrivateExecutor, PrivateUpload, build_private_hook
+from vatra.federated.privacy.hook import (
+    EVAL_METRICS_WHITELIST,
+    FIT_METRICS_WHITELIST,
+    PrivateExecutor,
+    PrivateUpload,
+    build_private_hook,
+    filter_eval_metrics,
+)
 
-__all__ = ["Accountant", "PrivateExecutor", "PrivateUpload", "build_private_hook"]
+__all__ = [
+    "EVAL_METRICS_WHITELIST",
+    "FIT_METRICS_WHITELIST",
+    "Accountant",
+    "PrivateExecutor",
+    "PrivateUpload",
+    "build_private_hook",
+    "filter_eval_metrics",
+]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from opacus.accountants import RDPAccountant
-
 
 class Accountant:
     """ε after a sequence of Gaussian steps (noise multiplier z, sampling rate q), at ``delta``.
@@ -15,9 +13,16 @@ class Accountant:
     number per round, the usual approximation (Abadi et al. make the same one).
     """
 
-    def __init__(self, delta: float) -> None:
+    def __init__(self, delta: float, history: list[list[float]] | None = None) -> None:
         self.delta = delta
+        from opacus.accountants import RDPAccountant  # imported when privacy is on: it costs seconds
+
         self.rdp = RDPAccountant()
+        self.rdp.history = [(float(z), float(q), int(n)) for z, q, n in history or []]
+
+    def history(self) -> list[list[float]]:
+        """The steps taken, [[z, q, steps], …] (JSON-able): ``Accountant(delta, history)`` restores it."""
+        return [[z, q, n] for z, q, n in self.rdp.history]
 
     def step(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
         for _ in range(steps):
@@ -34,6 +39,6 @@ class Accountant:
         """ε if ``steps`` more steps were taken (the accountant itself is unchanged)."""
         if noise_multiplier <= 0:
             return math.inf
-        probe = RDPAccountant()
+        probe = type(self.rdp)()
         probe.history = [*self.rdp.history, (noise_multiplier, sample_rate, steps)]
         return float(probe.get_epsilon(self.delta))

@@ -7,6 +7,11 @@ clips the update (client-level DP) and adds the client's share of the noise (``n
 hands the strategy one result: the mean. In simulation :class:`PrivateExecutor` stands for the
 client devices: it keeps each trained update and answers the protocol's stages, so the server
 path only ever sees masked words.
+
+What a client reports besides its update is cut to :data:`FIT_METRICS_WHITELIST` (evaluation
+replies: :func:`filter_eval_metrics`): no loss, update norm or cluster choice of one client leaves
+it. Adaptive clipping's count (Andrew et al. 2021) is one more coordinate of the update vector, so
+it is summed, masked and noised with the update, never seen alone.
 """
 
 from __future__ import annotations
@@ -18,14 +23,15 @@ from typing import Any
 import numpy as np
 
 from vatra.config import Config
-from vatra.errors import ConfigError
-from vatra.federated._base import Failure, FitIns, FitRes, UploadHook
+from vatra.errors import ConfigError, VatraError
+from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.privacy.accountant import Accountant
 from vatra.federated.secagg import (
     ClientParty,
     LocalParties,
     Quantizer,
     RoundAborted,
+    SecAggError,
     SecAggServer,
     secure_sum,
 )
@@ -35,6 +41,13 @@ from vatra.federated.wire import encode_res
 from vatra.rundir import RunDir
 
 LINEAR = ("fedavg", "fedprox", "fedadam", "fedyogi")
+FIT_METRICS_WHITELIST = ("duration_s", "train_time_s")  # a fit result's metrics under privacy
+EVAL_METRICS_WHITELIST = ("accuracy", "num_examples")  # an evaluation reply's metrics under privacy
+
+
+def filter_eval_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The part of a client's evaluation reply that may leave it when privacy is on."""
+    return {k: metrics[k] for k in EVAL_METRICS_WHITELIST if k in metrics}
 
 
 def _secure_rng() -> np.random.Generator:
@@ -59,6 +72,11 @@ class PrivateUpload(UploadHook):
                 f"federated.strategy = {fc.strategy!r} needs every update; secure aggregation and "
                 f"client-level DP give the mean only — use one of {', '.join(LINEAR)}"
             )
+        if fc.strategy == "clustered":
+            raise ConfigError(
+                "federated.strategy = 'clustered' needs each client's cluster choice and loss, which "
+                "secure aggregation and privacy keep on the client; use one of " + ", ".join(LINEAR)
+            )
         if fc.compression != "none":
             raise ConfigError(
                 f"federated.compression = {fc.compression!r} cannot be combined with secure aggregation or "
@@ -73,6 +91,8 @@ class PrivateUpload(UploadHook):
                 f"noise_multiplier {self.dp.noise_multiplier:g}; needs noise_multiplier < m/10 = {m / 10:g}"
             )
         self.clip_norm = self.dp.clip_norm
+        # adaptive clipping: the update vector carries one more coordinate, the unclipped bit
+        self.count_coords = int(self.dp.mode == "client" and self.dp.adaptive_clip)
         self.accountant = Accountant(self.dp.delta)
         self.per_client: dict[int, Accountant] = {}  # sample-level DP: one accountant per client
         self.channel: PrivateExecutor | None = None
@@ -94,23 +114,47 @@ class PrivateUpload(UploadHook):
 
     def encode(self, res: FitRes, ins: FitIns) -> FitRes:
         res = self._clip_and_noise(res, ins) if self.dp.mode == "client" else res
+        res.metrics = {k: res.metrics[k] for k in FIT_METRICS_WHITELIST if k in res.metrics}
         return self._keep_on_device(res) if self.sa.enabled and self.device else res
 
     def _clip_and_noise(self, res: FitRes, ins: FitIns) -> FitRes:
+        """Clip Δ to L2 norm C; with adaptive clipping append the bit [‖Δ‖ ≤ C]; add this client's
+        noise share (``noise_at = "clients"``): m shares of variance σ²/m sum to σ² over the round."""
         clip = float(ins.config.get("dp_clip_norm", self.dp.clip_norm))
-        norm = float(np.linalg.norm(res.update.astype(np.float64)))
-        update = res.update.astype(np.float64) * min(1.0, clip / max(norm, 1e-12))
-        if self.dp.noise_at == "clients":  # m shares of variance (zC)²/m: the sum carries (zC)²
-            m = int(ins.config.get("dp_clients", 1))
-            update += _secure_rng().normal(0.0, self.noise_std(clip) / math.sqrt(m), update.shape)
+        delta = res.update.astype(np.float64)
+        norm = float(np.linalg.norm(delta))
+        update = delta * min(1.0, clip / max(norm, 1e-12))
+        if self.count_coords:
+            update = np.append(update, float(norm <= clip))  # (d + 1,)
+        if self.dp.noise_at == "clients":
+            m = math.sqrt(int(ins.config.get("dp_clients", 1)))
+            rng = _secure_rng()
+            d = delta.size
+            update[:d] += rng.normal(0.0, self.noise_std(clip) / m, d)
+            update[d:] += rng.normal(0.0, self.count_std() / m, self.count_coords)
         res.update = update.astype(np.float32)
-        res.metrics.update(update_norm=norm, dp_unclipped=int(norm <= clip))
+        return res
+
+    def encode_eval(self, res: EvalRes) -> EvalRes:
+        res.metrics = filter_eval_metrics(res.metrics)
         return res
 
     def _keep_on_device(self, res: FitRes) -> FitRes:
-        """Deployed client with secure aggregation: the update stays here; the upload says 'trained'."""
+        """Deployed client with secure aggregation: the update stays here; the upload says 'trained'.
+
+        One protocol endpoint for the client's whole life (its once-per-round, rounds-only-up rule
+        spans rounds), and one training per round: a server that re-ran a round over the same
+        client with other survivors could subtract the two sums."""
+        if self.pending is not None and res.round <= self.pending.round:
+            raise SecAggError(
+                f"client {res.client_id}: asked to train round {res.round} after round {self.pending.round}; "
+                "refusing (a repeated round could unmask this client's update)"
+            )
         self.pending = res
-        self.party = ClientParty(res.client_id, self.sa, lambda cid, n1: self.input_words(res, n1))
+        if self.party is None:
+            self.party = ClientParty(res.client_id, self.sa, lambda cid, n1: self.input_words(res, n1))
+        else:
+            self.party.inputs = lambda cid, n1: self.input_words(res, n1)
         return FitRes(res.client_id, res.round, res.num_samples, np.zeros(0, np.float32), res.metrics)
 
     def respond(self, blob: bytes) -> bytes:
@@ -132,6 +176,17 @@ class PrivateUpload(UploadHook):
             z = (z**-2 - (2 * sigma_b) ** -2) ** -0.5  # Andrew et al. (2021), Thm 1
         return z * clip
 
+    def count_std(self) -> float:
+        """Std of the noise on the round's clip count: σ_b = m/20 (Andrew et al.'s choice)."""
+        if not self.count_coords or self.dp.noise_multiplier <= 0:
+            return 0.0
+        return (self.cfg.federated.clients_per_round or self.cfg.federated.clients) / 20
+
+    @property
+    def count_clip(self) -> float:
+        """Fixed-point range of the count coordinate in the masked sum: the bit plus ≥ 10σ of noise."""
+        return 1.0 + 10.0 * self.count_std()
+
     def client_plugins(self, model: Any) -> list[Any]:
         if self.dp.mode != "sample":
             return []
@@ -142,13 +197,14 @@ class PrivateUpload(UploadHook):
         return [plugin]
 
     def input_words(self, res: FitRes, clients: int) -> np.ndarray:
-        """A client's masked-sum input: [q(w·Δ/unit) …, w, unclipped] as words mod 2^bits."""
+        """A client's masked-sum input: [q(w·Δ/unit) …, q(count), w] as words mod 2^bits."""
         weighted = self.dp.mode != "client"
         w = min(res.num_samples, self.sa.max_weight) if weighted else 1
         unit = self.sa.max_weight if weighted else 1
-        body = Quantizer(self.sa.bits, self.sa.clip, clients).encode(res.update * (w / unit))
-        tail = np.array([w, int(res.metrics.get("dp_unclipped", 0))], dtype=np.uint32)
-        return np.concatenate([body, tail])
+        d = res.update.size - self.count_coords
+        body = Quantizer(self.sa.bits, self.sa.clip, clients).encode(res.update[:d] * (w / unit))
+        count = Quantizer(self.sa.bits, self.count_clip, clients).encode(res.update[d:])
+        return np.concatenate([body, count, np.array([w], dtype=np.uint32)])
 
     # ------------------------------------------------------------ server side
     def wrap(self, executor: Any) -> Any:
@@ -168,20 +224,26 @@ class PrivateUpload(UploadHook):
         if not results or (not self.sa.enabled and self.dp.mode != "client"):
             return results
         cids = sorted(r.client_id for r in results)
+        # clients given a noise share: those sent the task, not only those that answered
+        selected = self.channel.selected if self.channel is not None else len(results)
         if self.sa.enabled:
             assert self.channel is not None, "secure aggregation needs PrivateUpload.wrap(executor)"
-            dim = self.channel.expected + 2  # the update, its weight, the unclipped bit
+            dim = self.channel.expected + 1  # the update (with its count coordinate), its weight
             server = SecAggServer(rnd, self.sa, cids, dim, seed=self.cfg.run.seed * 100_003 + rnd)
             try:
                 words = secure_sum(server, self.channel)
             except RoundAborted as err:
                 self.facts = {"secagg_aborted": True, "secagg_threshold": server.t, "secagg_dropouts": None}
                 self._log("secagg_aborted", round=rnd, reason=str(err), survivors=server.survivors)
+                if server.rejected:
+                    self._log("secagg_rejected", round=rnd, clients=server.rejected)
                 return []
             n1 = len(server.keys)
             unit = self.sa.max_weight if self.dp.mode != "client" else 1
-            total = Quantizer(self.sa.bits, self.sa.clip, n1).decode_sum(words[:-2]) * unit
-            weight, unclipped = float(words[-2]), float(words[-1])
+            d = self.channel.expected - self.count_coords
+            total = Quantizer(self.sa.bits, self.sa.clip, n1).decode_sum(words[:d]) * unit
+            count = Quantizer(self.sa.bits, self.count_clip, n1).decode_sum(words[d:-1])
+            weight = float(words[-1])
             survivors = server.survivors["summed"]
             self.facts = {
                 "secagg_threshold": server.t,
@@ -189,30 +251,35 @@ class PrivateUpload(UploadHook):
                 "secagg_dropouts": len(cids) - survivors,
                 "secagg_aborted": False,
             }
-            if rejected := self.channel.link.rejected:
+            if rejected := {**self.channel.link.rejected, **server.rejected}:
                 self._log("secagg_rejected", round=rnd, clients=rejected)
         else:
-            total = np.sum([r.update.astype(np.float64) for r in results], axis=0)
+            summed = np.sum([r.update.astype(np.float64) for r in results], axis=0)
+            d = summed.size - self.count_coords
+            total, count = summed[:d], summed[d:]
             weight, survivors = float(len(results)), len(results)
-            unclipped = float(sum(r.metrics.get("dp_unclipped", 0) for r in results))
         if self.dp.mode == "client":
-            total = self._privatize(total, len(cids), survivors, unclipped)
+            total = self._privatize(total, max(selected, survivors), survivors, float(count.sum()))
         return [FitRes(-1, rnd, max(1, round(weight)), (total / max(weight, 1.0)).astype(np.float32), {})]
 
-    def _privatize(self, total: np.ndarray, selected: int, survivors: int, unclipped: float) -> np.ndarray:
+    def _privatize(self, total: np.ndarray, selected: int, survivors: int, count: float) -> np.ndarray:
+        """Noise (server side), one accountant step and the clip norm's update, from the sums only."""
         z = self.dp.noise_multiplier
         if self.dp.noise_at == "server" and z > 0:
-            total = total + _secure_rng().normal(0.0, self.noise_std(self.clip_norm), total.shape)
+            rng = _secure_rng()
+            total = total + rng.normal(0.0, self.noise_std(self.clip_norm), total.shape)
+            count += rng.normal(0.0, self.count_std()) if self.count_coords else 0.0
             z_eff = z
-        else:  # each survivor added 1/selected of the variance
+        else:  # each survivor added 1/selected of the variance (of the update and of the count)
             z_eff = z * math.sqrt(survivors / selected)
         self.accountant.step(z_eff, self.sample_rate)
         self.facts.update(
             dp_noise_multiplier=z_eff, dp_sample_rate=self.sample_rate, dp_clip_norm=self.clip_norm
         )
-        if self.dp.adaptive_clip:
-            noisy = unclipped + (_secure_rng().normal(0.0, selected / 20) if z > 0 else 0.0)
-            self.clip_norm *= math.exp(-self.dp.clip_lr * (noisy / selected - self.dp.clip_quantile))
+        if self.count_coords:  # geometric step towards the clip_quantile of the update norms
+            share = count / max(survivors, 1)
+            self.clip_norm *= math.exp(-self.dp.clip_lr * (share - self.dp.clip_quantile))
+            self.facts["dp_next_clip_norm"] = self.clip_norm
         return total
 
     def round_metrics(self, rnd: int, metrics: dict[str, Any]) -> None:
@@ -245,11 +312,32 @@ class PrivateUpload(UploadHook):
         self._log("privacy_budget_reached", round=rnd, epsilon=self.accountant.epsilon(), next_epsilon=nxt)
         return False
 
+    def state(self) -> dict[str, Any]:
+        """JSON-able: the accountants' histories and the current clip norm (the server checkpoints it)."""
+        return {
+            "clip_norm": self.clip_norm,
+            "accountant": self.accountant.history(),
+            "per_client": {str(c): a.history() for c, a in sorted(self.per_client.items())},
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state` saved: ε goes on counting from where the checkpoint left it."""
+        try:
+            self.clip_norm = float(state["clip_norm"])
+            self.accountant = Accountant(self.dp.delta, state["accountant"])
+            self.per_client = {int(c): Accountant(self.dp.delta, h) for c, h in state["per_client"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise VatraError(f"the checkpoint's privacy state is malformed ({err!r})") from None
+
     def resume(self, rows: list[dict[str, Any]]) -> None:
+        """Fallback for a checkpoint without the hook's state: client-level ε and clip norm from the
+        metrics rows (sample-level per-client accountants cannot be rebuilt from them)."""
         for row in sorted(rows, key=lambda r: r["round"]):
             if "dp_noise_multiplier" in row:
                 self.accountant.step(row["dp_noise_multiplier"], row["dp_sample_rate"])
-                self.clip_norm = row["dp_clip_norm"]
+                self.clip_norm = row.get(
+                    "dp_next_clip_norm", row["dp_clip_norm"]
+                )  # older rows: one step behind
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -279,6 +367,7 @@ class PrivateExecutor:
         self.inner = inner
         self.hook = hook
         self.expected = 0
+        self.selected = 0
         self.updates: dict[int, FitRes] = {}
         self.link: CountingChannel
         if hasattr(inner, "stage_tasks"):  # the gRPC hub: clients answer over the network
@@ -296,8 +385,9 @@ class PrivateExecutor:
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         for i in ins.values():
             i.config.update(self.hook.client_config(len(ins)))
-        self.expected = expected
-        results, failures, down, up = self.inner.fit(rnd, ins, expected)
+        self.selected = len(ins)
+        self.expected = expected + self.hook.count_coords  # uploads carry the clip count too
+        results, failures, down, up = self.inner.fit(rnd, ins, self.expected)
         if not self.hook.sa.enabled or isinstance(self.link, HubChannel):
             return results, failures, down, up
         self.updates = {r.client_id: r for r in results}
@@ -308,6 +398,14 @@ class PrivateExecutor:
 
     def exchange(self, stage: str, rnd: int, requests: dict[int, Any]) -> dict[int, Any]:
         return self.link.exchange(stage, rnd, requests)
+
+    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[Any], list[Failure]]:
+        return self.inner.evaluate(rnd, ins)
+
+    @property
+    def declared(self) -> dict[int, int] | None:
+        """The training rows each deployed client declared at join (None in simulation)."""
+        return getattr(self.inner, "declared", None)
 
     def close(self) -> None:
         self.inner.close()

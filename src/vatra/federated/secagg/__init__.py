@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from vatra.federated.secagg.channel import Channel, ClientParty, LocalParties, secure_sum
 from vatra.federated.secagg.crypto import SecAggError
-from vatra.federated.secagg.protocol import STAGES, Quantizer, RoundAborted, SecAggClient, SecAggServer
+from vatra.federated.secagg.protocol import STAGES, Quantizer, RoundAborted, SecAggClient
+from vatra.federated.secagg.server import SecAggServer
 
 __all__ = [
     "STAGES",

@@ -3,7 +3,7 @@
 The server talks to clients only through ``Channel.exchange`` — one request per client and
 stage, a reply from each client still there — so the same driver runs against in-process
 parties (simulation, tests) and gRPC clients (deployment). A client that does not answer a
-stage has dropped out; :class:`vatra.federated.secagg.protocol.SecAggServer` decides whether the
+stage has dropped out; :class:`vatra.federated.secagg.server.SecAggServer` decides whether the
 round survives.
 """
 
@@ -17,7 +17,9 @@ import numpy as np
 from vatra.config import SecureAggregationConfig
 from vatra.federated.secagg.crypto import SecAggError
 from vatra.federated.secagg.messages import pack, unpack
-from vatra.federated.secagg.protocol import STAGES, Msg, SecAggClient, SecAggServer
+from vatra.federated.secagg.protocol import STAGES, Msg, SecAggClient
+from vatra.federated.secagg.server import SecAggServer
+from vatra.federated.wire import WireError
 
 
 class Channel(Protocol):
@@ -40,7 +42,12 @@ InputFn = Callable[[int, int], np.ndarray]  # (client id, clients in the round) 
 
 
 class ClientParty:
-    """One client's protocol endpoint: answers a packed request with a packed reply."""
+    """One client's protocol endpoint: answers a packed request with a packed reply.
+
+    One protocol run per round, rounds only going up: an ``advertise`` for a round at or below
+    one already started is refused, as is any other stage of a round not in progress (a second
+    run over the same input with other survivors would let the server subtract the two sums).
+    """
 
     def __init__(self, cid: int, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
         self.cid = cid
@@ -52,27 +59,31 @@ class ClientParty:
         """Raises SecAggError (e.g. a tampered share) — the client then leaves the round.
 
         ``respond_or_refuse`` turns that into a reply the server reads as a refusal."""
-        stage, rnd, req = unpack(blob)
-        if stage == "advertise" or self.state is None or self.state.rnd != rnd:
+        try:
+            stage, rnd, req = unpack(blob)
+        except WireError as err:
+            raise SecAggError(f"client {self.cid}: unreadable request ({err})") from None
+        if stage == "advertise":
+            if self.state is not None and rnd <= self.state.rnd:
+                self.state.step = len(STAGES)  # a replayed round ends the one in progress too
+                began = self.state.rnd
+                raise SecAggError(
+                    f"client {self.cid}: advertise for round {rnd} after round {began} began; refusing"
+                )
             self.state = SecAggClient(self.cid, rnd, self.cfg)
         st = self.state
-        if stage == "advertise":
-            reply = st.advertise(req)
-        elif stage == "share_keys":
-            reply = st.share_keys(req)
-        elif stage == "masked_input":
-            reply = st.masked_input(req, self.inputs(self.cid, st.n1))
-        elif stage == "unmask":
-            reply = st.unmask(req)
-        else:
-            raise SecAggError(f"unknown stage {stage!r}")
-        return pack(stage, rnd, reply)
+        if st is None or st.rnd != rnd:
+            raise SecAggError(f"client {self.cid}: {stage} request for round {rnd}, which it has not begun")
+        return pack(stage, rnd, st.answer(stage, req, lambda: self.inputs(self.cid, st.n1)))
 
     def respond_or_refuse(self, blob: bytes) -> bytes:
         try:
             return self.respond(blob)
         except SecAggError as err:
-            stage, rnd, _ = unpack(blob)
+            try:
+                stage, rnd, _ = unpack(blob)
+            except WireError:
+                stage, rnd = "unreadable", -1
             return pack(stage, rnd, {"error": str(err)})
 
 
@@ -123,12 +134,17 @@ class CountingChannel:
                 self.gone.add(cid)
                 continue
             self.bytes_up += len(out)
-            got_stage, got_rnd, body = unpack(out)
-            if (got_stage, got_rnd) != (stage, rnd) or "error" in body:
-                self.rejected[cid] = str(body.get("error", f"reply for {got_stage} of round {got_rnd}"))
+            try:
+                got_stage, got_rnd, body = unpack(out)
+            except WireError as err:
+                got_stage, got_rnd, body = stage, rnd, {"error": f"unreadable reply ({err})"}
+            if (got_stage, got_rnd) != (stage, rnd):
+                body = {"error": f"reply for {got_stage} of round {got_rnd}"}
+            if isinstance(body, dict) and "error" in body:
+                self.rejected[cid] = str(body["error"])
                 self.gone.add(cid)
                 continue
-            replies[cid] = body
+            replies[cid] = body  # a malformed body is the server's to judge: it drops the client
         return replies
 
 

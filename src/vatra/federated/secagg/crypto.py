@@ -1,11 +1,15 @@
 """Primitives of secure aggregation: X25519 + HKDF, ChaCha20-Poly1305, an AES-CTR PRG, Shamir sharing.
 
 All from the ``cryptography`` package (OpenSSL); Shamir is arithmetic in the prime field
-GF(2^256 + 297), the smallest prime field that holds a 32-byte secret in one share.
+GF(2^256 + 297), the smallest prime field that holds a 32-byte secret in one share. Rebuilt
+secrets are checked against what their owner published before masking (a SHA-256 commitment of
+the self-mask seed, the X25519 public key of the mask key); when the check fails,
+:func:`decode_shares` (Berlekamp–Welch) finds the holders whose shares are off the polynomial.
 """
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import os
 import secrets
@@ -57,6 +61,16 @@ class KeyAgreement:
         """X25519 shared secret, stretched by HKDF-SHA256 into a 32-byte key bound to ``info``."""
         shared = self._sk.exchange(X25519PublicKey.from_public_bytes(public))
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+
+
+def public_key(private: bytes) -> bytes:
+    """The raw X25519 public key of a raw private key (to check a rebuilt key against the advertised one)."""
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+
+
+def commitment(secret: bytes, context: bytes) -> bytes:
+    """SHA-256 of ``context ‖ secret``: binding, and hiding for a uniformly random 32-byte secret."""
+    return hashlib.sha256(context + secret).digest()
 
 
 def agree(private: bytes, public: bytes, info: bytes) -> bytes:
@@ -170,6 +184,83 @@ def reconstruct_many(xs: tuple[int, ...], shares: np.ndarray) -> list[bytes]:
             )
         out.append(secret.to_bytes(SECRET_BYTES, "big"))
     return out
+
+
+def decode_shares(shares: dict[int, int], t: int) -> tuple[bytes, list[int]]:
+    """The secret of a degree-(t − 1) sharing from ``shares`` {x: y}, and the x's of the wrong shares.
+
+    Berlekamp–Welch: with m shares, up to e = ⌊(m − t)/2⌋ wrong ones are corrected. Find a monic
+    E (degree e, zero at the wrong x's) and Q (degree < e + t) with Q(x) = y·E(x) at every share;
+    then P = Q / E is the sharing polynomial. O(m³) field operations: for the rare rebuild that
+    failed its check, never on the fast path. SecAggError if more than e shares are wrong.
+    """
+    pts = sorted(shares.items())
+    m = len(pts)
+    if m < t:
+        raise SecAggError(f"{m} share(s), threshold {t}")
+    e = (m - t) // 2
+    width = 2 * e + t  # unknowns q_0 … q_{e+t−1}, E_0 … E_{e−1}
+    rows = []
+    for x, y in pts:
+        powers = [1]
+        for _ in range(e + t - 1):
+            powers.append(powers[-1] * x % PRIME)
+        rows.append(powers + [-y * powers[k] % PRIME for k in range(e)] + [y * powers[e] % PRIME])
+    sol = _solve(rows, width)
+    if sol is None:
+        raise SecAggError(f"more than {e} of {m} shares are wrong: cannot decode")
+    quotient, rest = _divide(sol[: e + t], [*sol[e + t :], 1])
+    if any(rest):
+        raise SecAggError(f"more than {e} of {m} shares are wrong: cannot decode")
+    wrong = [x for x, y in pts if _evaluate(quotient, x) != y]
+    if len(wrong) > e or quotient[0] >> (8 * SECRET_BYTES):
+        raise SecAggError(f"more than {e} of {m} shares are wrong: cannot decode")
+    return quotient[0].to_bytes(SECRET_BYTES, "big"), wrong
+
+
+def _solve(rows: list[list[int]], width: int) -> list[int] | None:
+    """A solution mod PRIME of the augmented system ``rows`` (free unknowns 0), or None if it has none."""
+    rows = [r[:] for r in rows]
+    pivots: list[int] = []
+    r = 0
+    for c in range(width):
+        pivot = next((i for i in range(r, len(rows)) if rows[i][c]), None)
+        if pivot is None:
+            continue
+        rows[r], rows[pivot] = rows[pivot], rows[r]
+        inv = pow(rows[r][c], -1, PRIME)
+        rows[r] = [v * inv % PRIME for v in rows[r]]
+        for i in range(len(rows)):
+            if i != r and rows[i][c]:
+                f = rows[i][c]
+                rows[i] = [(a - f * b) % PRIME for a, b in zip(rows[i], rows[r], strict=True)]
+        pivots.append(c)
+        r += 1
+    if any(row[width] for row in rows[r:]):
+        return None  # 0 = non-zero: inconsistent
+    out = [0] * width
+    for i, c in enumerate(pivots):
+        out[c] = rows[i][width]
+    return out
+
+
+def _divide(num: list[int], den: list[int]) -> tuple[list[int], list[int]]:
+    """Polynomials as coefficient lists (lowest first); ``den`` monic: (quotient, remainder) mod PRIME."""
+    rest = num[:]
+    quotient = [0] * max(1, len(num) - len(den) + 1)
+    for i in range(len(num) - len(den), -1, -1):
+        c = rest[i + len(den) - 1]
+        quotient[i] = c
+        for j, d in enumerate(den):
+            rest[i + j] = (rest[i + j] - c * d) % PRIME
+    return quotient, rest
+
+
+def _evaluate(coeffs: list[int], x: int) -> int:
+    acc = 0
+    for c in reversed(coeffs):  # Horner
+        acc = (acc * x + c) % PRIME
+    return acc
 
 
 @lru_cache(maxsize=256)
