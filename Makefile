@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 # pip must take the CPU wheel of torch that lies on this machine's disk: pin it exactly, first.
 TORCH := torch==2.13.0
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench bench-flower clean
+# Flower lives in a venv of its own (its pins are not vatra's): only the side-by-side benchmark uses it.
+FLOWER_VENV := .venv-flower
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,5 +39,14 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python bench/sharding_variance.py
 	$(BIN)/python bench/input_pipeline.py
 
+$(FLOWER_VENV)/.installed:
+	$(PYTHON) -m venv $(FLOWER_VENV)
+	$(FLOWER_VENV)/bin/pip install -q $(TORCH)
+	$(FLOWER_VENV)/bin/pip install -q 'flwr[simulation]' numpy
+	touch $@
+
+bench-flower: $(VENV)/.installed-dev $(FLOWER_VENV)/.installed
+	$(BIN)/python bench/fl_vs_flower.py --flower-python $(FLOWER_VENV)/bin/python
+
 clean:
-	rm -rf $(VENV) runs bench/results
+	rm -rf $(VENV) $(FLOWER_VENV) runs bench/results
