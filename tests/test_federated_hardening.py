@@ -392,3 +392,15 @@ def test_deployed_server_rate_limits_rejections_and_refuses_oversized_calls(tmp_
     assert oversized == grpc.StatusCode.RESOURCE_EXHAUSTED
     rejected = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["event"] == "rejected"]
     assert len(rejected) == 1 and rejected[0]["suppressed"] == 0  # 19 held back within 10 s
+
+
+@pytest.mark.parametrize("value", [1e300, -0.5, 1.0000001])
+def test_an_evaluation_report_with_a_share_outside_0_1_is_refused(value: float) -> None:
+    from vatra.federated import EvalRes
+    from vatra.federated.wire import decode_eval_res, encode_eval_res
+
+    assert decode_eval_res(encode_eval_res(EvalRes(0, 1, 10, {"accuracy": 0.5, "loss": 3.0}))).metrics
+    with pytest.raises(WireError, match="outside"):
+        decode_eval_res(encode_eval_res(EvalRes(0, 1, 10, {"accuracy": value})))
+    with pytest.raises(WireError, match="outside"):
+        decode_eval_res(encode_eval_res(EvalRes(0, 1, 10, {"ndcg@10": value})))

@@ -298,6 +298,9 @@ def encode_eval_res(res: EvalRes) -> bytes:
     return encode(meta)
 
 
+RATIO_METRICS = ("accuracy", "auc", "macro_f1", "ndcg@")  # vatra.losses' shares (ndcg@k for any k)
+
+
 def decode_eval_res(blob: bytes) -> EvalRes:
     """A client's evaluation report: metadata only, every metric a finite number (:func:`check_metrics`)."""
     meta, tensors = decode_views(_small_header(blob, "evaluation report"))
@@ -308,4 +311,9 @@ def decode_eval_res(blob: bytes) -> EvalRes:
     reason = check_metrics(meta.get("metrics"), numbers_only=True)
     if reason is not None or n < 0:
         raise WireError(f"{what}: {reason or f'num_examples {n} must be ≥ 0'}")
-    return EvalRes(cid, rnd, n, dict(meta["metrics"]))
+    metrics = dict(meta["metrics"])
+    # shares (accuracy, F1, AUC, ...) lie in [0, 1]: a report outside it would skew the round's averages
+    for key in (k for k in metrics if k in RATIO_METRICS or k.startswith("ndcg@")):
+        if not 0.0 <= float(metrics[key]) <= 1.0:
+            raise WireError(f"{what}: {key} = {metrics[key]!r} is outside [0, 1]")
+    return EvalRes(cid, rnd, n, metrics)

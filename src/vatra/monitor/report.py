@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 
-from vatra.errors import ConfigError
+from vatra.errors import ConfigError, VatraError
 from vatra.monitor.progress import headline
 from vatra.rundir import read_jsonl
 
@@ -295,7 +295,7 @@ def write_report(
     try:
         rows = read_jsonl(metrics_path)
         events = read_jsonl(run / "events.jsonl")
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, VatraError) as exc:
         raise ConfigError(f"{run}: unreadable metrics or events file ({exc})") from None
     if summary is None and (run / "summary.json").is_file():
         summary = json.loads((run / "summary.json").read_text())
