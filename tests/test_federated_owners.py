@@ -310,3 +310,18 @@ def test_local_epochs_make_each_client_pass_once_over_its_rows() -> None:
         assert res.num_samples == data.num_train
     sizes = [fed.client_data(c).num_train for c in range(4)]
     assert len(set(sizes)) > 1  # unequal owners: the larger ones did more steps
+
+
+def test_the_hospitals_example_simulates_its_sites_from_the_column(tmp_path: Path) -> None:
+    import runpy
+
+    from vatra.config import load_config
+
+    runpy.run_path(str(ROOT / "examples" / "fl_owners" / "make_data.py"), run_name="__main__")
+    config = ROOT / "examples" / "fl_owners" / "fl_owners.toml"
+    cfg = load_config(config, ["federated.rounds=2", "monitor.report=false", "run.progress=off"])
+    fed = build_federation(cfg)
+    assert fed.owners == ["site_0", "site_1", "site_2"]
+    assert [len(s) for s in fed.shards] == sorted((len(s) for s in fed.shards), reverse=True)  # 50/30/20 %
+    summary = simulate(cfg, RunDir(tmp_path / "run"), progress=False)
+    assert summary["rounds"] == 2 and summary["server_accuracy"] > 0.5
