@@ -325,3 +325,32 @@ def test_the_hospitals_example_simulates_its_sites_from_the_column(tmp_path: Pat
     assert [len(s) for s in fed.shards] == sorted((len(s) for s in fed.shards), reverse=True)  # 50/30/20 %
     summary = simulate(cfg, RunDir(tmp_path / "run"), progress=False)
     assert summary["rounds"] == 2 and summary["server_accuracy"] > 0.5
+
+
+def test_bad_owner_inputs_are_one_error_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vatra.cli import main
+
+    generate(tmp_path / "certs", 1)
+    example = str(ROOT / "examples" / "fl_digits.toml")
+    certs = str(tmp_path / "certs")
+    (tmp_path / "p.json").write_text("[[0, 1]]")
+    cases = [
+        (["federate", example, "--set", 'federated.partition.method="column"'], "column"),
+        (["federate", example, "--set", f'federated.partition.file="{tmp_path / "nope.json"}"',
+          "--set", 'federated.partition.method="file"'], "cannot read"),
+        (["federate", example, "--set", f'federated.partition.file="{tmp_path / "p.json"}"',
+          "--set", 'federated.partition.method="file"'], "set clients = 1"),
+        (["federate", example, "--set", "federated.local_epochs=-1"], "local_epochs"),
+        (["fl", "client", "--server", "127.0.0.1:1", "--client-id", "0", "--config", example,
+          "--certs", certs, "--data", str(tmp_path / "missing.csv")], "no such file"),
+        (["fl", "server", example, "--address", "127.0.0.1:0", "--certs", certs,
+          "--run-dir", str(tmp_path / "run"), "--eval-data", str(tmp_path / "missing.csv")], "no such file"),
+    ]  # fmt: skip
+    for args, needle in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        err = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2, (args, err)
+        assert err.startswith("error: ") and "\n" not in err and needle in err, (args, err)

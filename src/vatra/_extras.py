@@ -31,7 +31,4 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        missing = getattr(err, "name", None) or module
-        raise MissingExtra(
-            f"{feature} needs the package {missing!r}, which is not installed: pip install 'vatra[{extra}]'"
-        ) from None
+        raise _missing(getattr(err, "name", None) or module, extra, feature) from None

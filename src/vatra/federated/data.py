@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from vatra.config import Config, PartitionConfig
-from vatra.data import DataContext, Datasets, DatasetSpec, Split, build_dataset, partition
+from vatra.data import DataContext, Datasets, DatasetSpec, Split, TargetSpec, build_dataset, partition
 from vatra.errors import ConfigError
 
 ImageTransform = Callable[[np.ndarray], np.ndarray]  # (N, H, W) -> (N, H, W)
@@ -77,8 +77,6 @@ def spec_to_json(spec: DatasetSpec) -> dict[str, Any]:
 
 def spec_from_json(raw: Any) -> DatasetSpec:
     """The inverse of :func:`spec_to_json`; ValueError when ``raw`` is not one."""
-    from vatra.data import TargetSpec
-
     if not isinstance(raw, dict):
         raise ValueError("the data spec is not an object")
     try:
@@ -145,17 +143,22 @@ def source_config(cfg: Config, source: str) -> Config:
     return cfg.model_copy(update={"data": updated})
 
 
-def load_source(cfg: Config, source: str, what: str, run_dir: Path | None = None) -> Datasets:
-    """The datasets of ``source`` read with the config's data options (target, features, split...)."""
-    local = source_config(cfg, source)
-    ctx = DataContext(
+def data_context(cfg: Config, run_dir: Path | None = None, keep: tuple[str, ...] = ()) -> DataContext:
+    """Where a party reads its data: one process (no ranks), the run's seed and task."""
+    return DataContext(
         seed=cfg.run.seed,
         run_dir=run_dir,
         task=cfg.train.task,
         head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
+        keep=keep,
     )
+
+
+def load_source(cfg: Config, source: str, what: str, run_dir: Path | None = None) -> Datasets:
+    """The datasets of ``source`` read with the config's data options (target, features, split...)."""
+    local = source_config(cfg, source)
     try:
-        return build_dataset(local.data, ctx)
+        return build_dataset(local.data, data_context(cfg, run_dir))
     except ConfigError as err:
         raise ConfigError(f"{what} {source}: {err}") from None
 
@@ -271,7 +274,6 @@ class Federation:
     """
 
     train: Any
-    val: Any | None
     spec: DatasetSpec
     shards: list[np.ndarray]
     shifts: list[str]  # per client
@@ -307,13 +309,7 @@ def build_federation(cfg: Config) -> Federation:
     """Deterministic for the config: every simulation worker builds the same owners."""
     fed = cfg.federated
     p = fed.partition
-    keep = (p.column,) if p.method == "column" else ()
-    ctx = DataContext(
-        seed=cfg.run.seed,
-        task=cfg.train.task,
-        head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
-        keep=keep,
-    )
+    ctx = data_context(cfg, keep=(p.column,) if p.method == "column" else ())
     if p.method == "column" and cfg.data.name != "table":
         raise ConfigError("federated.partition.method = 'column' reads a table: set data.name = 'table'")
     train: Any
@@ -347,7 +343,6 @@ def build_federation(cfg: Config) -> Federation:
     parts = [hold_out(rows, fed.val_fraction, cfg.run.seed, c) for c, rows in enumerate(shards)]
     return Federation(
         train,
-        val,
         spec,
         shards,
         shifts,

@@ -35,13 +35,20 @@ import numpy as np
 import torch
 
 from vatra.config import Config
-from vatra.data import DataContext, DatasetSpec, build_dataset
+from vatra.data import DatasetSpec, build_dataset
 from vatra.errors import ConfigError, VatraError
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials, client_credentials
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.data import ClientData, load_source, own_data, spec_from_json, spec_to_json
+from vatra.federated.data import (
+    ClientData,
+    data_context,
+    load_source,
+    own_data,
+    spec_from_json,
+    spec_to_json,
+)
 from vatra.federated.guard import (
     TokenAuth,
     max_concurrent_rpcs,
@@ -79,10 +86,10 @@ RECONNECT_OPTIONS = [
 ]
 
 
-def message_sizes(cfg: Config, spec: DatasetSpec) -> tuple[int, int]:
-    """(largest upload, largest download) the protocol sends for this model: the guard's limits."""
+def message_sizes(cfg: Config, floats: int) -> tuple[int, int]:
+    """(largest upload, largest download) the protocol sends for a model of ``floats`` parameters:
+    the guard's limits."""
     fc = cfg.federated
-    floats = initial_weights(cfg, spec)[1].size
     peers = fc.clients if fc.secure_aggregation.enabled else 0
     models = fc.clusters if fc.strategy == "clustered" else 1
     return receive_limit(floats, 1, peers), receive_limit(floats, models, peers)
@@ -361,8 +368,9 @@ def serve(
     # model's size is known (no --eval-data file), the cap is federated.max_message_mb and
     # authenticated calls are held to Join-sized messages.
     auth = TokenAuth(creds, run_dir.log_event)
-    if spec is not None:
-        upload, download = message_sizes(cfg, spec)
+    layout = initial_weights(cfg, spec)[1] if spec is not None else None
+    if layout is not None:
+        upload, download = message_sizes(cfg, layout.size)
         auth.request_limit = upload
     else:
         upload = download = int(cfg.federated.max_message_mb * 2**20)
@@ -389,10 +397,11 @@ def serve(
         on_bound(port)
     try:
         spec = hub.wait_spec()
-        hook = hook or build_upload_hook(cfg, initial_weights(cfg, spec)[1])
+        layout = layout or initial_weights(cfg, spec)[1]
+        hook = hook or build_upload_hook(cfg, layout)
         hub.hook = hook
         hub.payload_ok = payload_rule(hook)
-        auth.request_limit = message_sizes(cfg, spec)[0]
+        auth.request_limit = message_sizes(cfg, layout.size)[0]
         fl_server = FederatedServer(
             cfg, spec, run_dir, hook.wrap(hub), eval_data=held, hook=hook, progress=progress
         )
@@ -431,8 +440,7 @@ def client_data(cfg: Config, data: str | ClientData | None) -> ClientData:
         return data
     if data:
         return own_data(load_source(cfg, data, "--data"), "--data")
-    ctx = DataContext(seed=cfg.run.seed, task=cfg.train.task)
-    return own_data(build_dataset(cfg.data, ctx), "data")
+    return own_data(build_dataset(cfg.data, data_context(cfg)), "data")
 
 
 def run_client(
@@ -463,7 +471,7 @@ def run_client(
     own = client_data(cfg, data)
     local = LocalClient(cfg, own.spec, lambda _cid: own, hook or build_private_hook(cfg, device=True))
     hello = encode({"kind": "join", "spec": spec_to_json(own.spec), "num_train": own.num_train})
-    upload, download = message_sizes(cfg, own.spec)  # what this client sends, what it may receive
+    upload, download = message_sizes(cfg, local.layout.size)  # what it sends, what it may receive
     remote = RemoteServer(target, ca, client_id, token, server_options(download, upload))
     stop = threading.Event()
     personal: np.ndarray | None = None
