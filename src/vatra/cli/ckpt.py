@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,12 +44,12 @@ def _when(t: float) -> str:
 @ckpt_app.command("list")
 def ckpt_list(run_dir: Path = RUN_DIR) -> None:
     """Versions, oldest first, with step, parent, tags, size and metrics."""
-    store = _store(run_dir)
+    scan = _store(run_dir).scan()
     tags: dict[str, list[str]] = {}
-    for tag, version in store.tags().items():
+    for tag, version in scan.tags.items():
         tags.setdefault(version, []).append(tag)
     table = Table("version", "step", "saved (UTC)", "parent", "tags", "MB", "loss", "reason")
-    for m in store.versions():
+    for m in scan.manifests:
         loss = m["metrics"].get("loss")
         table.add_row(
             m["version"],
@@ -60,6 +62,11 @@ def ckpt_list(run_dir: Path = RUN_DIR) -> None:
             m.get("reason", "-"),
         )
     Console(width=160).print(table)
+    if scan.problems:
+        print(
+            f"warning: {len(scan.problems)} manifest(s) or tag(s) cannot be read; see 'vatra ckpt verify'",
+            file=sys.stderr,
+        )
 
 
 @ckpt_app.command("show")
@@ -79,13 +86,14 @@ def ckpt_rollback(
     from vatra.resilience import LATEST
 
     store = _store(run_dir)
-    target = store.resolve(version)
-    problems = store.verify(target)
-    if problems:
-        raise VatraError(f"{target} is damaged, not rolling back: {problems[0]}")
-    store.set_tag(LATEST, target)
-    RunDir(run_dir).log_event("rollback", version=target, source="vatra ckpt rollback")
-    step = store.manifest(target)["step"]
+    with RunDir(run_dir).lock("vatra ckpt rollback"):  # a running job would move 'latest' again
+        target = store.resolve(version)
+        problems = store.verify(target)
+        if problems:
+            raise VatraError(f"{target} is damaged, not rolling back: {problems[0]}")
+        store.set_tag(LATEST, target)
+        RunDir(run_dir).log_event("rollback", version=target, source="vatra ckpt rollback")
+        step = store.manifest(target)["step"]
     print(f"latest → {target} (step {step}); resume with: vatra train CONFIG --run-dir {run_dir}")
 
 
@@ -94,7 +102,7 @@ def ckpt_verify(
     run_dir: Path = RUN_DIR,
     repair: bool = typer.Option(False, "--repair", help="Rewrite lost or corrupt erasure-coded shards."),
 ) -> None:
-    """Check every object's sha256 (and shard checksums); exit 1 when a version is damaged."""
+    """Check every manifest, tag and object (and shard checksums); exit 1 on any problem."""
     store = _store(run_dir)
     if repair:
         repaired, failed = store.repair()
@@ -102,15 +110,38 @@ def ckpt_verify(
             print(f"repaired: {line}")
         for line in failed:
             print(f"unrepairable: {line}")
+    scan = store.scan()
+    for line in scan.problems:
+        print(f"UNREADABLE {line}")
     bad = 0
-    for m in store.versions():
+    for m in scan.manifests:
         problems = store.verify(m["version"])
         bad += bool(problems)
         print(f"{m['version']}: {'ok' if not problems else 'DAMAGED'}")
         for p in problems:
             print(f"  {p}")
-    if bad:
-        raise VatraError(f"{bad} damaged version(s) in {store.backend.describe()}")
+    counts = (
+        (bad, "damaged version(s)"),
+        (len(scan.unreadable), "unreadable manifest(s) or tag(s)"),
+        (len(scan.dangling), "tag(s) naming a missing version"),
+    )
+    found = [f"{n} {what}" for n, what in counts if n]
+    if found:
+        raise VatraError(f"{', '.join(found)} in {store.backend.describe()}")
+
+
+def remove_work_leftovers(run_dir: Path) -> bool:
+    """Remove ``<run>/checkpoints/.work``, the local staging of saves and restores that died.
+
+    Only safe while no job uses the run folder (the checkpoint plugin stages its saves there):
+    ``ckpt gc`` calls it under the run folder's lock.
+    Returns whether there was anything to remove.
+    """
+    work = RunDir(run_dir).checkpoints / ".work"
+    if not work.exists():
+        return False
+    shutil.rmtree(work)
+    return True
 
 
 @ckpt_app.command("gc")
@@ -118,9 +149,16 @@ def ckpt_gc(
     run_dir: Path = RUN_DIR,
     keep: int = typer.Option(..., "--keep", help="Newest versions to keep (tagged ones are always kept)."),
 ) -> None:
-    """Delete old versions and the objects no kept version references."""
-    deleted, objects = _store(run_dir).gc(keep)
+    """Delete old versions, the objects no kept version references, and leftovers of dead saves.
+
+    Deletes nothing when a manifest or tag cannot be read (see 'vatra ckpt verify').
+    """
+    store = _store(run_dir)
+    with RunDir(run_dir).lock("vatra ckpt gc"):  # a running job's staged save is no leftover
+        deleted, objects = store.gc(keep)
+        staged = remove_work_leftovers(run_dir)
     print(
         f"deleted {len(deleted)} version(s) and {objects} object(s)"
         + (f": {', '.join(deleted)}" if deleted else "")
+        + ("; removed the staging folder checkpoints/.work" if staged else "")
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -49,6 +50,13 @@ class ErasureConfig(Section):
     nodes: list[str] = Field(
         [], description="m storage locations (directories or fsspec URLs), one shard of every object each."
     )
+    timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="Longest wait for one node's answer to one call (read, write, list, delete); a node "
+        "slower than this counts as unreachable, like one that raises, for up to m − k nodes.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ErasureConfig:
@@ -85,6 +93,22 @@ class StoreConfig(Section):
     erasure: ErasureConfig | None = Field(
         None, description="Erasure-code every object over several locations instead of using url."
     )
+    hmac_key_env: str = Field(
+        "",
+        description="Name of an environment variable holding a key: manifests and tags are signed with "
+        "HMAC-SHA256 when written and refused when unsigned or tampered on read ('' = unsigned; the "
+        "store must then be trusted, since loading a checkpoint unpickles its metadata).",
+    )
+
+    @field_validator("hmac_key_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError(
+                f"{value!r} is not an environment variable name; give the variable's name "
+                "(e.g. VATRA_STORE_KEY), not the key itself"
+            )
+        return value
 
     @field_validator("backend")
     @classmethod

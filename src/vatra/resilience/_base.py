@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vatra.errors import VatraError
+from vatra.errors import ConfigError, VatraError
 
 if TYPE_CHECKING:
     from vatra.config import StoreConfig
@@ -15,15 +15,30 @@ class StoreError(VatraError):
     """A checkpoint store could not be read or written (missing key, corrupt data, unreachable backend)."""
 
 
+class MissingKey(StoreError):
+    """The key is not in the store (as opposed to a store that could not be reached or read)."""
+
+
+class StoreUsageError(StoreError, ConfigError):
+    """A store command asked for something that makes no sense (``gc --keep 0``): exit code 2."""
+
+
+class GcAborted(StoreError):
+    """``gc`` found records it cannot read; it deletes nothing rather than guess what they reference."""
+
+
 class StoreBackend:
     """Flat key → bytes storage with ``/``-separated keys.
 
     Call order: :meth:`from_config` once (``open_store``), then any mix of
-    ``put``/``get``/``exists``/``delete``/``keys``. ``put`` must be atomic for readers (a reader sees
-    the old bytes, the new bytes, or no key — never a partial write) where the medium allows; the
-    store above checks sha256 checksums on every read anyway, so a torn write is detected, not
-    trusted. Backends are used from the training thread and one background upload thread, never
-    concurrently on the same key.
+    ``put``/``get``/``exists``/``delete``/``keys``, and ``sweep`` from ``gc``. ``put`` must be atomic
+    for readers (a reader sees the old bytes, the new bytes, or no key — never a partial write) and
+    durable once it returns, where the medium allows; the store above checks sha256 checksums on
+    every read anyway, so a torn write is detected, not trusted. Failures are one-line
+    :class:`StoreError` s (:class:`MissingKey` for an absent key). Backends are used from the
+    training thread, background upload threads and every rank's process (each uploads its own
+    files), never concurrently on the same key except for content-addressed objects, whose
+    writers all write the same bytes.
 
     A user's subclass named by import string (``store.backend = "pkg.mod:MyBackend"``) works like a
     built-in: ``open_store`` constructs it as ``MyBackend(url, options)`` — ``store.url`` (or the
@@ -47,7 +62,7 @@ class StoreBackend:
         self.put(key, path.read_bytes())
 
     def get(self, key: str) -> bytes:
-        """The bytes under ``key``; raises :class:`StoreError` when absent or unreadable."""
+        """The bytes under ``key``; raises :class:`MissingKey` when absent, else :class:`StoreError`."""
         raise NotImplementedError
 
     def exists(self, key: str) -> bool:
@@ -63,6 +78,15 @@ class StoreBackend:
 
     def repair(self, key: str) -> list[str]:
         """Rewrite damaged redundant copies of ``key``; returns what was repaired (default: nothing)."""
+        return []
+
+    def sweep(self, older_than_s: float) -> list[str]:
+        """Remove leftovers of interrupted writes not touched for ``older_than_s`` seconds.
+
+        Temporary files (``*.tmp-*``) of a write that died, shards of keys deleted while a node
+        was down; returns what was removed (default: nothing). A write in progress keeps touching
+        its temporary file, so an age of minutes never removes one that is still being written.
+        """
         return []
 
     def describe(self) -> str:

@@ -1,4 +1,4 @@
-"""Fault injection for tests and demos: kill a worker at chosen steps, damage chosen checkpoints.
+"""Fault injection for tests and demos: kill a worker at chosen steps, damage chosen checkpoints or manifests.
 
 Each injected fault is logged in ``events.jsonl`` *before* it happens; that line is also the
 record that it fired, so a resumed run that passes the same step again does not repeat it.
@@ -60,3 +60,11 @@ def corrupt_version(store: CheckpointStore, manifest: Manifest) -> str:
     data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
     store.backend.put(key, bytes(data))
     return str(name)
+
+
+def truncate_manifest(store: CheckpointStore, version: str) -> str:
+    """Cut a version's manifest to half its bytes (a write the disk or a crash cut short); returns its key."""
+    key = f"versions/{version}.json"
+    data = store.backend.get(key)
+    store.backend.put(key, data[: len(data) // 2])
+    return key
