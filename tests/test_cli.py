@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import ROOT, run_vatra
 
+from vatra.cli import main
 from vatra.launch import free_port
 
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "samples_per_s", "step_time_s", "data_time_s"}
@@ -113,3 +114,62 @@ def test_version_help_and_config_show() -> None:
     shown = run_vatra("config", "show", "examples/digits.toml", "--set", "train.steps=7")
     assert shown.returncode == 0
     assert "steps = 7" in shown.stdout and "[optim]" in shown.stdout
+
+
+TRAIN = ["train", "examples/digits.toml"]
+FL_SERVER = ["fl", "server", "examples/fl_digits.toml", "--address", "127.0.0.1:1", "--certs", "nowhere"]
+FL_CLIENT = ["fl", "client", "--server", "127.0.0.1:1", "--client-id", "0", "--certs", "nowhere"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([*TRAIN, "--set", "optim.lr=inf"], "error: optim.lr: must be a finite number"),
+        ([*TRAIN, "--set", "run.name=../x"], "error: run.name: the name contains '/'"),
+        (
+            [*TRAIN, "--set", "monitor.enabled=false", "--set", "monitor.report=true"],
+            "error: monitor.report = true: report.html is part of the monitor",
+        ),
+        (
+            [*TRAIN, "--set", "monitor.enabled=false", "--set", "heal.enabled=true"],
+            "error: heal.policies: rollback, straggler, prefetch act on the monitor's verdicts",
+        ),
+        (
+            [*TRAIN, "--set", "comm.method=powersgd", "--set", "comm.min_numel=64"],
+            "error: comm.min_numel: powersgd ignores it",
+        ),
+        (
+            ["federate", "examples/fl_digits.toml", "--set", "checkpoint.every_steps=5"],
+            "error: checkpoint.every_steps: a federated run reads no [checkpoint] or [store] keys",
+        ),
+        ([*FL_SERVER, "--set", "store.url='s3://b/x'"], "error: store.url: a federated run reads no"),
+        (
+            [*FL_CLIENT, "--config", "examples/fl_digits.toml", "--set", "checkpoint.enabled=false"],
+            "error: checkpoint.enabled: a federated run reads no",
+        ),
+    ],
+)
+def test_config_checks_are_one_line_and_exit_code_2(
+    args: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Execute: the real command line, in this process (each check fails before anything starts)
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--set", f"run.out_dir={tmp_path}"])
+    # Assert
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "cp1252.toml"
+    config.write_bytes(b'[run]\nname = "\x93digits\x94"\n')
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", str(config)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: {config}: not UTF-8 text (byte 14, line 2: 0x93); " + (
+        "TOML files are UTF-8: save it as UTF-8\n"
+    )

@@ -78,3 +78,132 @@ def test_show_round_trip(path: Path, tmp_path: Path) -> None:
     resolved = tmp_path / "resolved.toml"
     resolved.write_text(text)
     assert load_config(resolved) == cfg
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "optim.lr=inf",
+        "optim.lr=nan",
+        "train.clip_grad_norm=inf",
+        "train.class_weights=[1.0, -inf]",
+        "federated.privacy.target_epsilon=inf",
+        "checkpoint.mtbf_s=inf",
+    ],
+)
+def test_non_finite_numbers_are_refused_everywhere(override: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    key = override.partition("=")[0]
+    assert str(err.value).startswith(f"{key}") and "must be a finite number" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_non_finite_number_in_a_file_names_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlr = inf\n")
+    with pytest.raises(ConfigError, match=r"^optim\.lr: must be a finite number \(got inf\)"):
+        load_config(path)
+    load_config(None, ["model.kwargs={limit = inf}"])  # a user factory's own arguments pass unchecked
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", "a\\b", ""])
+def test_a_run_name_cannot_leave_the_out_dir(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"^run\.name: the name (contains|is empty).*run\.out_dir"):
+        config_from_dict({"run": {"name": name}})
+
+
+def test_run_names_that_stay_inside_are_kept() -> None:
+    for name in ("..", "digits.small", "a b", "..x"):
+        assert config_from_dict({"run": {"name": name}}).run.name == name
+
+
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file_and_byte(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[run]\nname = "café"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: not UTF-8 text (byte 17, line 2: 0xe9); TOML files are UTF-8: save it as UTF-8"
+    )
+
+
+def test_what_needs_the_monitor_is_refused_when_asked_for_without_it() -> None:
+    off = {"monitor": {"enabled": False}}
+    with pytest.raises(ConfigError, match=r"^monitor\.report = true: .* set monitor\.enabled = true or"):
+        config_from_dict({"monitor": {"enabled": False, "report": True}})
+    for heal in ({"enabled": True}, {"lr_backoff": 0.3}, {"policies": ["skip_spike", "straggler"]}):
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({**off, "heal": heal})
+        assert str(err.value).startswith("heal.policies: ")
+        assert "act on the monitor's verdicts" in str(err.value)
+        assert "heal.policies = ['skip_spike'] (needs no monitor)" in str(err.value)
+    assert config_from_dict({**off, "heal": {"enabled": False}}).heal.enabled is False
+    assert config_from_dict({**off, "heal": {"policies": ["skip_spike"]}}).heal.policies == ["skip_spike"]
+
+
+def test_without_the_monitor_its_defaults_resolve_to_what_runs() -> None:
+    cfg = config_from_dict({"monitor": {"enabled": False}})
+    assert cfg.monitor.report is False
+    assert cfg.heal.enabled and cfg.heal.policies == ["skip_spike"]  # the one that needs no monitor
+    again = Config.model_validate(tomllib.loads(dump_toml(cfg)))  # a worker reloads config.toml
+    assert again == cfg
+    with_monitor = config_from_dict({})
+    assert with_monitor.monitor.report and with_monitor.heal.policies == [
+        "skip_spike",
+        "rollback",
+        "straggler",
+        "prefetch",
+    ]
+
+
+def test_a_federated_run_refuses_the_checkpoint_and_store_keys_it_ignores(tmp_path: Path) -> None:
+    sets = ["checkpoint.async=true", "store.url='/tmp/x'", "checkpoint.every_steps=25"]  # 25: the default
+    with pytest.raises(ConfigError) as err:
+        load_config(None, sets, run="federated")
+    assert str(err.value) == (
+        "checkpoint.async, checkpoint.every_steps, store.url: a federated run reads no [checkpoint] or "
+        "[store] keys (the server saves its whole state to <run>/checkpoints/server.safetensors after "
+        "every round); remove them"
+    )
+    load_config(None, sets, run="train")  # training reads them
+    load_config(None, sets)  # a worker reloading a run folder's config checks nothing
+    path = tmp_path / "fl.toml"
+    path.write_text("[federated]\nrounds = 3\n[checkpoint]\n")  # an empty table sets nothing
+    load_config(path, run="federated")
+    with pytest.raises(ConfigError, match=r"^store\.erasure: a federated run"):
+        config_from_dict({"store": {"erasure": {"k": 1, "m": 2, "nodes": ["a", "b"]}}}, run="federated")
+
+
+def test_a_resolved_config_is_not_taken_for_what_its_user_set(tmp_path: Path) -> None:
+    # A run folder's config.toml (or `vatra config show` output) lists every key: used as a config
+    # again, only the overrides on top of it say what the user set.
+    path = tmp_path / "resolved.toml"
+    path.write_text(dump_toml(load_config(None, ["federated.rounds=3"])))
+    assert load_config(path, run="federated").federated.rounds == 3
+    with pytest.raises(ConfigError, match=r"^checkpoint\.keep_last: a federated run"):
+        load_config(path, ["checkpoint.keep_last=2"], run="federated")
+    edited = tmp_path / "edited.toml"  # one key removed: no longer a resolved config
+    edited.write_text(path.read_text().replace("keep_last = 5\n", ""))
+    with pytest.raises(ConfigError, match=r"^checkpoint\.async, checkpoint\.enabled, .*: a federated run"):
+        load_config(edited, run="federated")
+
+
+def test_powersgd_refuses_min_numel() -> None:
+    with pytest.raises(ConfigError, match=r"^comm\.min_numel: powersgd ignores it"):
+        load_config(None, ["comm.method=powersgd", "comm.min_numel=1024"], run="train")
+    load_config(None, ["comm.method=powersgd"], run="train")
+    load_config(None, ["comm.method=topk", "comm.min_numel=16"], run="train")
+    # federated.compression reads comm.min_numel; comm.method is not what a federated run uses
+    load_config(None, ["comm.method=powersgd", "comm.min_numel=16"], run="federated")
+
+
+def test_powersgd_from_a_file_without_min_numel_is_accepted(tmp_path: Path) -> None:
+    """A config file (run.import_paths resolved from its folder) asking only for PowerSGD: nothing
+    the user wrote is ignored, so nothing is refused, from a file as from a resolved run folder."""
+    path = tmp_path / "pg.toml"
+    path.write_text('[comm]\nmethod = "powersgd"\n')
+    assert load_config(path, run="train").comm.method == "powersgd"
+    resolved = tmp_path / "config.toml"
+    resolved.write_text(dump_toml(load_config(path)))
+    assert load_config(resolved, run="train").comm.method == "powersgd"

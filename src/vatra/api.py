@@ -89,9 +89,9 @@ def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
     if isinstance(config, Config):
         return config
     if isinstance(config, dict):
-        return config_from_dict(config)
+        return config_from_dict(config, run="train")
     if isinstance(config, str | Path):
-        return load_config(config)
+        return load_config(config, run="train")
     raise ConfigError(
         f"vatra.fit: config must be a path, a dict or a vatra.Config, not {type(config).__name__}"
     )

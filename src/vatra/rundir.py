@@ -1,16 +1,29 @@
-"""The run folder: resolved config, metrics, events, summary and TensorBoard files."""
+"""The run folder: resolved config, metrics, events, summary and TensorBoard files, and the lock
+that keeps it to one writer."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import random
+import shlex
+import socket
+import sys
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vatra.errors import VatraError
+from vatra.errors import RunLocked, VatraError, write_failed
+
+LOCK = ".lock"  # exclusive: the job's first launcher or a maintenance command; holds the record
+LOCK_NODES = ".lock-nodes"  # shared by every launcher of the job while it runs
+LOCK_WAIT_S = 1.0  # how long an acquirer retries through another's half-finished acquire
 
 
 def new_run_id(name: str) -> str:
@@ -18,27 +31,55 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
 
 
+def cut_torn_tail(path: Path) -> None:
+    """Make ``path`` end at a line boundary before appending to it.
+
+    A last line without its newline that does not parse is an append a crash (or a full disk) cut
+    short: it is cut off, so the next line does not continue it (which would damage the file
+    mid-way). A whole record that only lacks its newline gets one.
+    """
+    try:
+        f = path.open("r+b")
+    except FileNotFoundError:
+        return
+    with f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return
+        f.seek(-1, 2)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        cut = data.rfind(b"\n") + 1
+        try:
+            json.loads(data[cut:])
+            f.write(b"\n")
+        except ValueError:
+            f.truncate(cut)
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one JSON line and flush it, so a crash keeps every line written before it.
 
-    A last line without its newline that does not parse is an append a crash cut short: it is
-    cut off first, so the new line does not continue it (which would damage the file mid-way).
+    A torn last line is cut first (:func:`cut_torn_tail`); a write that fails half-way (a full
+    disk) is undone, so the file never holds half a line, and raises one line
+    (:func:`~vatra.errors.write_failed`).
     """
     line = json.dumps(record, default=float) + "\n"
-    with path.open("ab") as f:
-        if f.tell() > 0:
-            with path.open("rb") as r:
-                r.seek(-1, 2)
-                if r.read(1) != b"\n":
-                    r.seek(0)
-                    data = r.read()
-                    cut = data.rfind(b"\n") + 1
-                    try:
-                        json.loads(data[cut:])
-                        f.write(b"\n")  # a whole record that only lacks its newline: keep it
-                    except ValueError:
-                        f.truncate(cut)
-        f.write(line.encode("utf-8"))
+    try:
+        cut_torn_tail(path)
+        with path.open("ab") as f:
+            start = f.tell()
+            try:
+                f.write(line.encode("utf-8"))
+                f.flush()
+            except OSError:
+                with contextlib.suppress(OSError):
+                    f.truncate(start)
+                raise
+    except OSError as err:
+        raise write_failed(err, path) from None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -130,7 +171,149 @@ class RunDir:
             path.unlink(missing_ok=True)
         return found
 
+    @contextmanager
+    def lock(self, purpose: str, job: str | None = None) -> Iterator[None]:
+        """Hold this folder for one writer while the block runs; raise :class:`RunLocked` at once
+        (after at most ``LOCK_WAIT_S``) when another holds it.
+
+        ``purpose`` names the holder in the refusal others get ("vatra train", "vatra ckpt gc"),
+        with its pid, host, start time and command line. ``job`` is set only by a launcher of a
+        multi-node job (its rendezvous id and endpoint): launchers that pass the same ``job`` share
+        the folder, everyone else is refused.
+
+        Why this shape:
+
+        - ``flock`` locks belong to the open file and end with the process that holds them, so a
+          launcher killed with SIGKILL leaves no stale lock, and no pid file needs checking. The
+          launcher opens the files close-on-exec (Python's default), so the workers it spawns do
+          not inherit them and a restarted worker group never touches the lock. (A worker that
+          outlives a killed launcher, in its own session as the elastic agent starts it, does
+          not hold the folder either: the lock guards launchers, not orphans.) On NFS, Linux emulates
+          ``flock`` with POSIX locks; the lock files are read and written only through the locked
+          descriptors, because closing any other descriptor of the file would drop those.
+        - Multi-node: node launchers of one job may share a run folder on a shared filesystem, and
+          which node starts first, or its node rank, is unknown before the rendezvous (``--nnodes
+          MIN:MAX``). So the first launcher takes ``.lock`` exclusively and records its ``job``;
+          a later launcher that finds it held joins when the record names the same job (the same
+          ``--rdzv-id`` and ``--rdzv-endpoint``: two running jobs with both equal would be one
+          rendezvous, hence one job). Every launcher of the job also holds ``.lock-nodes`` shared,
+          so when the first launcher dies while the others go on (an elastic job that lost a
+          node), a new job or ``vatra ckpt gc`` that then gets ``.lock`` still sees that the
+          folder is in use (it cannot take ``.lock-nodes`` exclusively), while a replacement
+          launcher of the same job is admitted. Without a shared filesystem each host has its own
+          folder and lock.
+        - An acquirer holds ``.lock-nodes`` exclusively while it writes its record, so a joiner
+          that waits for it shared reads a whole record; acquirers that meet in the middle of
+          each other's steps back off and retry for up to ``LOCK_WAIT_S``.
+        """
+        if not self.path.is_dir():
+            raise VatraError(f"{self.path}: no such run folder")
+        main = self._open_lock_file(LOCK)
+        try:
+            nodes = self._open_lock_file(LOCK_NODES)
+        except VatraError:
+            os.close(main)
+            raise
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while (refusal := _try_lock(main, nodes, self.path, purpose, job)) is not None:
+                if time.monotonic() > deadline:
+                    raise RunLocked(refusal)
+                time.sleep(random.uniform(0.02, 0.08))  # jitter: two acquirers do not retry in step
+            yield
+        finally:
+            os.close(nodes)  # closing releases the locks; the record stays for whoever is refused
+            os.close(main)
+
+    def _open_lock_file(self, name: str) -> int:
+        try:
+            return os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)  # close-on-exec
+        except OSError as err:
+            raise VatraError(f"cannot lock run folder {self.path}: {err.strerror}") from None
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.summary.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
         tmp.replace(self.summary)  # atomic: a reader never sees half a summary
+
+
+def _flock(fd: int, mode: int) -> bool:
+    """Try one ``flock`` without blocking; False when another holds a conflicting lock."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _try_lock(main: int, nodes: int, path: Path, purpose: str, job: str | None) -> str | None:
+    """One attempt of :meth:`RunDir.lock`: None when admitted (the locks are held), else why not
+    (nothing is held then)."""
+    if _flock(main, fcntl.LOCK_EX):
+        if _flock(nodes, fcntl.LOCK_EX):  # no launcher of an earlier job runs here
+            _write_record(main, purpose, job)
+            fcntl.flock(nodes, fcntl.LOCK_SH)  # let launchers of this job join
+            return None
+        record = _read_record(main)
+        if job is not None and record.get("job") == job:  # it replaces a launcher of this job
+            _write_record(main, purpose, job)
+            fcntl.flock(nodes, fcntl.LOCK_SH)  # only shared holders remain: granted at once
+            return None
+        fcntl.flock(main, fcntl.LOCK_UN)
+        return (
+            f"run folder {path} is in use by the other node launchers of the job of "
+            f"{_describe(record)}, which has ended; wait until they end or stop them, or use "
+            "another run folder"
+        )
+    joined = _flock(nodes, fcntl.LOCK_SH)  # fails while the holder is still writing its record
+    record = _read_record(main)
+    if joined and job is not None and record.get("job") == job:
+        return None
+    if joined:
+        fcntl.flock(nodes, fcntl.LOCK_UN)
+    hint = (
+        "; the node launchers of one job share a folder when they pass the same --rdzv-id and --rdzv-endpoint"
+        if job is not None
+        else ""
+    )
+    return (
+        f"run folder {path} is in use by {_describe(record)}; wait until it ends or stop it, "
+        f"or use another run folder{hint}"
+    )
+
+
+def _write_record(fd: int, purpose: str, job: str | None) -> None:
+    """Who holds the lock, for the one line that refuses the next writer."""
+    command = shlex.join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
+    record = {
+        "purpose": purpose,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "job": job,
+        "command": command if len(command) <= 300 else command[:297] + "...",
+    }
+    data = json.dumps(record).encode("utf-8")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+def _read_record(fd: int) -> dict[str, Any]:
+    """The last holder's record ({} when there is none, or it is not whole)."""
+    try:
+        record = json.loads(os.pread(fd, 1 << 16, 0))
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(record: dict[str, Any]) -> str:
+    """``vatra train (pid 4242 on node-a since 2026-01-01 12:00:00 UTC: python -m vatra train …)``."""
+    try:
+        purpose, pid, host, command = (record[k] for k in ("purpose", "pid", "host", "command"))
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record["since"])))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return "another process (it left no readable record)"
+    job = f", job {record['job']}" if record.get("job") else ""
+    command = " ".join(str(command).split())  # one line, whatever the arguments held
+    return f"{purpose} (pid {pid} on {host} since {since}{job}: {command})"

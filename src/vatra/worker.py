@@ -25,9 +25,14 @@ def main(argv: list[str] | None = None) -> int:
         fit(cfg, run_dir=args.run_dir)
     except VatraError as err:
         rank = int(os.environ.get("RANK", "0"))
+        said = False
         if args.run_dir is not None:  # the launcher prints one line for the whole group
-            RunDir(Path(args.run_dir)).write_error(rank, str(err), err.exit_code)
-        elif err.exit_code != 2 or rank == 0:  # a config error is the same on every rank: say it once
+            try:
+                RunDir(Path(args.run_dir)).write_error(rank, str(err), err.exit_code)
+                said = True
+            except OSError:  # the run folder cannot take it (a full disk): say it here instead
+                pass
+        if not said and (err.exit_code != 2 or rank == 0):  # a config error: the same on every rank
             print(f"error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
     return 0

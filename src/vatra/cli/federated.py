@@ -32,10 +32,11 @@ def federate(
     """Simulate federated training of N clients on this machine (a process pool, deterministic for a seed)."""
     from vatra.federated.simulation import simulate  # torch import only when the command runs
 
-    cfg = load_config(config, set_)
+    cfg = load_config(config, set_, run="federated")
     rd = _run_dir(cfg.run.out_dir, cfg.run.name, run_dir)
-    print(f"vatra: run folder {rd.path}", flush=True)
-    simulate(cfg, rd, progress=cfg.run.progress != "off")
+    with rd.lock("vatra federate"):
+        print(f"vatra: run folder {rd.path}", flush=True)
+        simulate(cfg, rd, progress=cfg.run.progress != "off")
 
 
 @fl_app.command("certs")
@@ -78,14 +79,15 @@ def server(
     from vatra.federated.certs import ServerCredentials
     from vatra.federated.transport import serve
 
-    cfg = load_config(config, set_)
+    cfg = load_config(config, set_, run="federated")
     if ":" not in address:
         raise ConfigError(f"--address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:7070")
     ServerCredentials(certs)  # a missing or incomplete folder fails before a run folder is made
     rd = _run_dir(cfg.run.out_dir, cfg.run.name, run_dir)
-    if not rd.config.exists():
-        rd.config.write_text(dump_toml(cfg))
-    serve(cfg, address, certs, rd, eval_data=eval_data, progress=cfg.run.progress != "off")
+    with rd.lock("vatra fl server"):
+        if not rd.config.exists():
+            rd.config.write_text(dump_toml(cfg))
+        serve(cfg, address, certs, rd, eval_data=eval_data, progress=cfg.run.progress != "off")
 
 
 @fl_app.command("client")
@@ -110,7 +112,7 @@ def client(
     """Join a federated server and train on this client's own data until the server is done."""
     from vatra.federated.transport import run_client
 
-    cfg = load_config(config, set_)
+    cfg = load_config(config, set_, run="federated")
     run_client(
         cfg,
         server_addr,

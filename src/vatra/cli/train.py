@@ -101,7 +101,7 @@ def train(
     local_addr: LocalAddr = None,
 ) -> None:
     """Train a model on N local processes (or many nodes) through torch.distributed's elastic agent."""
-    cfg = load_config(config, set_)
+    cfg = load_config(config, set_, run="train")
     if nproc is not None:
         if nproc < 1:
             raise ConfigError(f"--nproc {nproc}: must be ≥ 1 (worker processes on this node)")
@@ -116,14 +116,15 @@ def train(
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
         return
     rd = RunDir(run_dir or Path(cfg.run.out_dir) / new_run_id(cfg.run.name)).create()
-    rd.config.write_text(dump_toml(cfg))
-    print(f"vatra: run folder {rd.path}", flush=True)
-    try:
-        launch_workers(spec, [str(rd.config), "--run-dir", str(rd.path)])
-    except VatraError:
-        if cfg.monitor.report and rd.metrics.exists():
-            _report_after_failure(rd)
-        raise
+    with rd.lock("vatra train", job=_job(spec)):  # held across the workers' elastic restarts
+        rd.config.write_text(dump_toml(cfg))
+        print(f"vatra: run folder {rd.path}", flush=True)
+        try:
+            launch_workers(spec, [str(rd.config), "--run-dir", str(rd.path)])
+        except VatraError:
+            if cfg.monitor.report and rd.metrics.exists():
+                _report_after_failure(rd)
+            raise
 
 
 @app.command()
@@ -157,9 +158,20 @@ def run(
     from vatra.launch import launch
 
     rd = RunDir(run_dir or Path("runs") / new_run_id(script.stem)).create()
-    os.environ[RUN_DIR_ENV] = str(rd.path.resolve())
-    print(f"vatra: run folder {rd.path}", flush=True)
-    launch(spec, ["-u", str(script), *(script_args or [])], rd)
+    with rd.lock("vatra run", job=_job(spec)):
+        os.environ[RUN_DIR_ENV] = str(rd.path.resolve())
+        print(f"vatra: run folder {rd.path}", flush=True)
+        launch(spec, ["-u", str(script), *(script_args or [])], rd)
+
+
+def _job(spec: LaunchSpec) -> str | None:
+    """What the node launchers of one multi-node job share, so they may share a run folder (see
+    :meth:`RunDir.lock`); None for a single-node job, which admits no second launcher."""
+    from vatra.launch import parse_nnodes
+
+    if parse_nnodes(spec.nnodes)[1] == 1:
+        return None
+    return f"{spec.rdzv_id}@{spec.rdzv_endpoint}"
 
 
 def _preflight(cfg: Config) -> None:

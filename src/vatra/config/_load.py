@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -23,12 +24,25 @@ from vatra.config._sections import (
     Section,
     TrainConfig,
 )
-from vatra.errors import ConfigError
-from vatra.registry import add_import_paths
+from vatra.errors import ConfigError, VatraError
+from vatra.registry import POLICIES, add_import_paths
+
+# Built-in healing policies that act without the monitor: skip_spike reads the engine's gradient
+# norm. rollback (loss divergence, the snapshots it returns to, the last-good tags), straggler and
+# prefetch act on the monitor's verdicts. A policy named by import string is not judged here.
+POLICIES_WITHOUT_MONITOR = ("skip_spike",)
 
 
 class Config(Section):
-    """A whole run: one field per TOML section."""
+    """A whole run: one field per TOML section.
+
+    Checks across sections run here, on the values: with the monitor off, what depends on it is
+    refused when the user asked for it (``monitor.report``, a ``[heal]`` that names policies
+    acting on the monitor's verdicts) and left out of the resolved config when it was only a
+    default, so that config says what runs and reloads unchanged. Keys a kind of run ignores are
+    refused when the config is loaded for that kind of run (``run=`` of :func:`load_config`), which
+    needs to know what the user wrote.
+    """
 
     run: RunConfig = Field(default_factory=RunConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -43,6 +57,71 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
+
+    @model_validator(mode="after")
+    def _without_monitor(self) -> Config:
+        if self.monitor.enabled:
+            return self
+        if self.monitor.report:
+            if "report" in self.monitor.model_fields_set:
+                raise ValueError(
+                    "monitor.report = true: report.html is part of the monitor, which "
+                    "monitor.enabled = false turns off; set monitor.enabled = true or monitor.report = false"
+                )
+            self.monitor.report = False
+        heal = self.heal
+        needs = [p for p in heal.policies if POLICIES.is_builtin(p) and p not in POLICIES_WITHOUT_MONITOR]
+        if heal.enabled and needs:
+            if heal.model_fields_set:  # the user configured healing: do not drop what they asked for
+                raise ValueError(
+                    f"heal.policies: {', '.join(needs)} act on the monitor's verdicts, which "
+                    "monitor.enabled = false turns off; set monitor.enabled = true, heal.enabled = false, "
+                    f"or heal.policies = {list(POLICIES_WITHOUT_MONITOR)} (needs no monitor)"
+                )
+            kept = [p for p in heal.policies if p not in needs]
+            if kept:
+                heal.policies = kept
+            else:
+                heal.enabled = False
+        return self
+
+
+RunKind = Literal["train", "federated"]
+
+
+def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> None:
+    """Refuse the keys in ``said`` (what the user wrote: raw TOML and overrides) that a ``run`` of
+    this kind ignores, naming them. A key written with its default value is ignored just the same,
+    so "written" counts, not "differs from the default"."""
+
+    def written(section: str) -> list[str]:
+        table = said.get(section)
+        return sorted(table) if isinstance(table, dict) else []
+
+    if run == "federated":
+        ignored = [f"{name}.{key}" for name in ("checkpoint", "store") for key in written(name)]
+        if ignored:
+            raise ConfigError(
+                f"{', '.join(ignored)}: a federated run reads no [checkpoint] or [store] keys (the "
+                "server saves its whole state to <run>/checkpoints/server.safetensors after every "
+                "round); remove them"
+            )
+    elif cfg.comm.method == "powersgd" and "min_numel" in written("comm"):
+        raise ConfigError(
+            "comm.min_numel: powersgd ignores it (torch's PowerSGD hook sends vectors, and matrices a "
+            "rank-r factorisation would not shrink by 2×, uncompressed); remove comm.min_numel"
+        )
+
+
+def _is_resolved(raw: dict[str, Any]) -> bool:
+    """Whether a file already lists every key with its resolved value (a run folder's
+    ``config.toml``, the output of ``vatra config show``): such a file says nothing about which
+    keys its user meant to set, so only overrides given on top of it count for
+    :func:`_refuse_ignored_keys`."""
+    try:
+        return tomllib.loads(dump_toml(Config.model_validate(copy.deepcopy(raw)))) == raw
+    except (ValidationError, VatraError):
+        return False
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -86,50 +165,83 @@ def _format_error(err: ValidationError) -> str:
             model = field.annotation
         allowed = ", ".join(sorted(model.model_fields))
         msg = f"{loc}: unknown key; allowed keys here: {allowed}"
+    elif not loc:  # a check across sections: its message names the keys
+        msg = first["msg"].removeprefix("Value error, ")
+    elif first["type"] == "finite_number":
+        msg = (
+            f"{loc}: must be a finite number (got {first.get('input')!r}); no config key takes NaN "
+            "or ±inf: where a key can be off, its description says which number means off (often 0)"
+        )
     else:
         text = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        msg = f"{loc or 'config'}: {text} (got {first.get('input')!r})"
+        msg = f"{loc}: {text} (got {first.get('input')!r})"
     more = len(err.errors()) - 1
     return msg + (f" [+{more} more]" if more else "")
 
 
-def config_from_dict(raw: dict[str, Any], base_dir: str | Path | None = None) -> Config:
+def config_from_dict(
+    raw: dict[str, Any], base_dir: str | Path | None = None, run: RunKind | None = None
+) -> Config:
     """Validate a raw config; ``run.import_paths`` are read from ``base_dir`` (a config file's folder,
-    which is also their default).
+    which is also their default). With ``run``, keys in ``raw`` that such a run ignores are refused.
 
     The import paths go on ``sys.path`` here, so import strings in the config resolve in this
     process and in every worker that loads the resolved config from the run folder.
     """
     if base_dir is not None:
-        run = raw.setdefault("run", {})
-        if isinstance(run, dict):
+        section = raw.setdefault("run", {})
+        if isinstance(section, dict):
             base = Path(base_dir).resolve()
-            given = run.get("import_paths", ["."])  # default: the config file's own folder
+            given = section.get("import_paths", ["."])  # default: the config file's own folder
             if isinstance(given, list) and all(isinstance(p, str) for p in given):
-                run["import_paths"] = list(dict.fromkeys(str((base / p).resolve()) for p in given))
+                section["import_paths"] = list(dict.fromkeys(str((base / p).resolve()) for p in given))
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_error(err)) from None
+    if run is not None:
+        _refuse_ignored_keys(cfg, run, raw)
     add_import_paths(cfg.run.import_paths)
     return cfg
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Load a TOML file (or only defaults when ``path`` is None) and apply overrides."""
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, run: RunKind | None = None
+) -> Config:
+    """Load a TOML file (or only defaults when ``path`` is None) and apply overrides.
+
+    With ``run`` (the CLI's ``vatra train``, ``vatra federate``, ...), keys the file or the
+    overrides set that such a run ignores are refused. Workers that reload a run folder's resolved
+    config pass none.
+    """
     raw: dict[str, Any] = {}
+    said: dict[str, Any] = {}  # what the user wrote, for the ignored-keys check
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p} (pass a TOML file such as examples/digits.toml)")
+        data = p.read_bytes()
         try:
-            raw = tomllib.loads(p.read_text())
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = data.count(b"\n", 0, err.start) + 1
+            raise ConfigError(
+                f"{p}: not UTF-8 text (byte {err.start}, line {line}: {data[err.start]:#04x}); "
+                "TOML files are UTF-8: save it as UTF-8"
+            ) from None
+        try:
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{p}: invalid TOML: {err}") from None
+        if run is not None and not _is_resolved(raw):
+            said = copy.deepcopy(raw)
         _absolute_data_path(raw, p.parent)  # a path written in the file is read from the file's folder
     raw = apply_overrides(raw, overrides or [])
     _absolute_data_path(raw, Path.cwd())  # one given with --set, from the working directory
-    return config_from_dict(raw, Path(path).parent if path is not None else None)
+    cfg = config_from_dict(raw, Path(path).parent if path is not None else None)
+    if run is not None:
+        _refuse_ignored_keys(cfg, run, apply_overrides(said, overrides or []))
+    return cfg
 
 
 def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:

@@ -10,13 +10,33 @@ from vatra.registry import DATASETS, LOSSES, MODELS, is_import_string
 
 
 class Section(BaseModel):
-    """Base of every section: unknown keys are errors, assignments are validated."""
+    """Base of every section: unknown keys are errors, assignments are validated, and no float key
+    takes NaN or ±inf (TOML can write them: ``lr = inf``). No key needs them: where a key can be
+    off, a finite number says so (``clip_grad_norm = 0``, ``target_epsilon = 0``). Values inside
+    ``kwargs`` and ``options`` tables are passed on unchecked: the user's code decides what they mean.
+    """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def _folder_name(name: str) -> str:
+    """``run.name`` starts a folder name inside ``run.out_dir``: one path part, so it cannot
+    climb out of it (``../x``), replace it (``/abs``) or nest below it (``a/b``)."""
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if not name or bad:
+        why = "is empty" if not name else f"contains {bad[0]!r}"
+        raise ValueError(
+            f"the name {why}, but the run folder is <run.out_dir>/<name>-<time>: use one folder name "
+            "without / or \\ (e.g. 'digits-small') and put any parent folder in run.out_dir"
+        )
+    return name
 
 
 class RunConfig(Section):
-    name: str = Field("run", description="Run name; the run folder is runs/<name>-<timestamp>.")
+    name: str = Field(
+        "run",
+        description="Run name; the run folder is <out_dir>/<name>-<timestamp> (one folder name: no / or \\).",
+    )
     seed: int = Field(0, description="Global seed; rank r seeds its own RNGs with seed + r.")
     out_dir: str = Field("runs", description="Parent folder of run folders.")
     import_paths: list[str] = Field(
@@ -32,6 +52,8 @@ class RunConfig(Section):
     tb_every: int = Field(
         10, ge=1, description="Per-step scalars go to TensorBoard every N steps (metrics.jsonl has all)."
     )
+
+    _name = field_validator("name")(_folder_name)
 
 
 TaskKind = Literal["classification", "multilabel", "regression", "ranking", "lm", "multitask"]
