@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from typing import IO, TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
-from vatra.rundir import RunDir
+from vatra.errors import write_failed
+from vatra.rundir import RunDir, cut_torn_tail
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
@@ -18,16 +21,37 @@ class JsonlWriter(Plugin):
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
         self.file: IO[str] | None = None
+        self.good = 0  # metrics.jsonl's size after the last whole line written
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if not trainer.dist.is_main:
             return
-        if self.file is None:
-            # Kept open for the run (an open/close per line cost ~0.1 ms a step); each line is
-            # flushed, so a crashed process leaves every line it finished.
-            self.file = self.run_dir.metrics.open("a", encoding="utf-8")
-        self.file.write(json.dumps(metrics, default=float) + "\n")
-        self.file.flush()
+        path = self.run_dir.metrics
+        try:
+            if self.file is None:
+                # Kept open for the run (an open/close per line cost ~0.1 ms a step); each line is
+                # flushed, so a crashed process leaves every line it finished.
+                cut_torn_tail(path)
+                self.file = path.open("a", encoding="utf-8")
+                self.good = self.file.tell()
+            self.file.write(json.dumps(metrics, default=float) + "\n")
+            self.file.flush()
+            self.good = self.file.tell()
+        except OSError as err:  # a full disk: leave no half line for the resumed run to trip on
+            self._undo()
+            raise write_failed(err, path) from None
+
+    def _undo(self) -> None:
+        """Drop what the failed write left after the last whole line, and close."""
+        file, self.file = self.file, None
+        if file is None:
+            return
+        with contextlib.suppress(OSError):
+            os.truncate(self.run_dir.metrics, self.good)
+        with contextlib.suppress(OSError):
+            file.close()  # flushing the rest of the buffer may fail again; the truncate stands
+        with contextlib.suppress(OSError):
+            os.truncate(self.run_dir.metrics, self.good)
 
     def _close(self) -> None:
         if self.file is not None:
