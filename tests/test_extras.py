@@ -43,7 +43,7 @@ def test_a_finished_run_without_matplotlib_says_the_report_was_not_written(
         "run": {"progress": "off", "tensorboard": False},
         "train": {"steps": 3, "eval_every": 0},
         "checkpoint": {"enabled": False},
-        "monitor": {"judge_in": "inline", "fit_in": "thread"},
+        "monitor": {"fit_in": "thread"},
     }
     result = vatra.fit(config, run_dir=tmp_path / "run")
     assert result.summary["steps"] == 3

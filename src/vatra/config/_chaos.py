@@ -27,10 +27,22 @@ class ChaosConfig(Section):
     )
     corrupt_checkpoint_at: list[int] = Field([], description="Damage the checkpoint written at these steps.")
     # training faults (monitoring and healing)
-    inject_nan_at: list[int] = Field([], description="Steps whose loss is made NaN.")
-    grad_spike_at: list[int] = Field([], description="Steps whose gradients get × grad_spike_factor.")
+    inject_nan_at: list[int] = Field(
+        [],
+        description="Steps whose data makes the loss NaN (the batches an undisturbed run trains on at "
+        "these steps: a rollback skips them, a resume replays them).",
+    )
+    grad_spike_at: list[int] = Field(
+        [],
+        description="Steps whose data multiplies the gradients by grad_spike_factor (tied to the data, "
+        "as inject_nan_at).",
+    )
     grad_spike_factor: float = Field(1000.0, gt=0.0, description="Gradient multiplier at grad_spike_at.")
-    lr_spike_at: list[int] = Field([], description="Steps at which the LR is multiplied by lr_spike_factor.")
+    lr_spike_at: list[int] = Field(
+        [],
+        description="Steps from whose data on the LR is multiplied by lr_spike_factor for lr_spike_steps "
+        "steps (tied to the data, as inject_nan_at).",
+    )
     lr_spike_factor: float = Field(100.0, gt=0.0, description="LR multiplier during an LR spike.")
     lr_spike_steps: int = Field(10, ge=1, description="How many steps each LR spike lasts.")
     slow_rank: int | None = Field(None, ge=0, description="Rank that sleeps slow_rank_s every step.")

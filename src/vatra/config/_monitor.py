@@ -30,7 +30,12 @@ class MonitorConfig(Section):
     vote: int = Field(
         2, ge=1, description="Detectors (of the fitted ones) that must agree before the ensemble alarms."
     )
-    warmup_steps: int = Field(100, ge=10, description="Steps the detectors learn from before they may alarm.")
+    warmup_steps: int = Field(
+        50,
+        ge=10,
+        description="Steps the detectors learn from before they may alarm (and the skip and divergence "
+        "rules of healing may act on anything but NaN/Inf).",
+    )
     refit_every: int = Field(
         2000,
         ge=0,
@@ -39,15 +44,13 @@ class MonitorConfig(Section):
     fit_in: Literal["process", "thread"] = Field(
         "process",
         description="Where iforest/autoencoder fit: a niced helper process (no GIL contention with "
-        "the ensemble) or a thread of the process that runs the ensemble (see judge_in).",
-    )
-    judge_in: Literal["process", "inline"] = Field(
-        "process",
-        description="Where rank 0 runs the ensemble: a forked helper process (Linux; verdicts two "
-        "steps later, off the training loop) or inline in the training process.",
+        "the training loop) or a thread of rank 0's training process.",
     )
     zscore_threshold: float = Field(
-        10.0, gt=0.0, description="zscore: robust z (over EWMA and spread) above which a value is a spike."
+        10.0,
+        gt=0.0,
+        description="zscore: robust z (over EWMA and spread) above which a value is a spike; an alarm is "
+        "blamed on the streams above it (healing: loss streams roll back, the gradient stream skips).",
     )
     ewma_alpha: float = Field(0.05, gt=0.0, lt=1.0, description="zscore: weight of the newest value.")
     score_quantile: float = Field(
@@ -67,7 +70,9 @@ class MonitorConfig(Section):
     prometheus_addr: str = Field("127.0.0.1", description="Address the Prometheus endpoint binds to.")
     tracing: bool = Field(False, description="OpenTelemetry spans for each step's phases.")
     tracing_exporter: Literal["console", "otlp"] = Field(
-        "console", description="console = JSON lines in <run>/traces.jsonl; otlp = OTLP/HTTP collector."
+        "console",
+        description="console = one JSON span per line in <run>/traces/rank<r>.jsonl (one file per rank); "
+        "otlp = OTLP/HTTP to otlp_endpoint.",
     )
     otlp_endpoint: str = Field(
         "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP endpoint (tracing_exporter = otlp)."
@@ -83,15 +88,19 @@ class HealConfig(Section):
         "'package.module:Class' naming vatra.resilience.heal.Policy subclasses (called as Class(config); "
         "named by their 'name' attribute, else by the string).",
     )
-    lr_backoff: float = Field(0.5, gt=0.0, le=1.0, description="rollback: LR multiplier after each rollback.")
-    divergence_steps: int = Field(
-        5, ge=1, description="rollback: consecutive steps of loss above the divergence bound that roll back."
+    divergence_windows: int = Field(
+        2,
+        ge=1,
+        description="rollback: consecutive monitor windows (monitor.gather_every steps each) with alarms "
+        "on the loss streams that roll back; a rollback also skips the data of at least this many "
+        "windows from the first alarmed step.",
     )
-    divergence_factor: float = Field(
-        3.0,
-        gt=1.0,
-        description="rollback: loss above factor × its healthy baseline counts as diverging (for a loss "
-        "near or below zero: above the baseline by (factor - 1) × 3 × its typical change).",
+    lr_backoff: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="rollback: LR multiplier for a rollback that comes before the loss got back on its "
+        "baseline after the previous one (cumulative); the LR returns to its schedule once it is back.",
     )
     snapshot_every: int = Field(
         25, ge=1, description="rollback: steps between in-memory last-good snapshots (no checkpoint plugin)."

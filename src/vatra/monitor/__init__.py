@@ -6,10 +6,10 @@ from vatra.monitor.chaos import TrainingFaults
 from vatra.monitor.ensemble import FEATURES, Alarm, Ensemble
 from vatra.monitor.exporters import PrometheusExporter, StepTracer
 from vatra.monitor.iforest import IsolationForestDetector
-from vatra.monitor.plugin import Monitor, Verdict
+from vatra.monitor.plugin import Monitor
 from vatra.monitor.progress import ProgressDisplay
 from vatra.monitor.writers import JsonlWriter, TensorBoardWriter
-from vatra.monitor.zscore import RobustZ, ZScoreDetector
+from vatra.monitor.zscore import ZScoreDetector
 
 __all__ = [
     "FEATURES",
@@ -22,11 +22,9 @@ __all__ = [
     "Monitor",
     "ProgressDisplay",
     "PrometheusExporter",
-    "RobustZ",
     "StepTracer",
     "TensorBoardWriter",
     "TrainingFaults",
-    "Verdict",
     "ZScoreDetector",
     "build_detector",
 ]

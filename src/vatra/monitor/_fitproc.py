@@ -99,9 +99,8 @@ def _can_fork() -> bool:
     return sys.platform == "linux" and threading.current_thread() is threading.main_thread()
 
 
-def _fork_helper(main: Callable[[int, int], None] | None = None) -> ForkedHelper:
-    """Fork a helper that runs :func:`serve` on two pipes (see the module's docstring), or
-    ``main(jobs_fd, results_fd)`` instead."""
+def _fork_helper() -> ForkedHelper:
+    """Fork a helper that runs :func:`serve` on two pipes (see the module's docstring)."""
     jobs_r, jobs_w = os.pipe()
     results_r, results_w = os.pipe()
     pid = os.fork()
@@ -114,10 +113,7 @@ def _fork_helper(main: Callable[[int, int], None] | None = None) -> ForkedHelper
                 if fd not in keep:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            if main is None:
-                serve(os.fdopen(jobs_r, "rb"), os.fdopen(results_w, "wb"))
-            else:
-                main(jobs_r, results_w)
+            serve(os.fdopen(jobs_r, "rb"), os.fdopen(results_w, "wb"))
             code = 0
         finally:
             os._exit(code)  # no atexit handlers or finalizers of the parent's objects

@@ -11,33 +11,43 @@ from vatra.config import ChaosConfig
 from vatra.engine import Plugin
 
 if TYPE_CHECKING:
+    from vatra.data import Batch
     from vatra.engine import Trainer
 
 
 class TrainingFaults(Plugin):
     """Injects the training faults of ``chaos``; placed first so every other plugin sees them.
 
-    Each step-keyed fault fires once per step number: after a rollback re-runs step s, a fault at
-    s does not fire again (a fault is an event in time, not a property of the step). The step of a
-    fault is the number the step's metrics carry (``state.step + 1`` while it runs). Faults act
-    through hooks, so the engine itself is untouched:
+    The step-keyed faults are faults of the data: a fault "at step s" is in the batches an
+    undisturbed run trains on at step s (its data step), as a real bad batch is. Real loss spikes
+    come from particular batches meeting a particular model state (PaLM, §5.1), and a fault keyed
+    to the step number would meet every replay of that number again, which no rollback can heal
+    (it stands for a broken schedule, not for bad data). So after a rollback, whose sampler keeps
+    its position, the replayed step numbers train on new data and do not meet the fault again,
+    while a resume from a checkpoint, which replays the data, does. The plugin counts the batches
+    the trainer draws (it wraps ``trainer.next_batch``; healing draws through it to skip data): a
+    step's data step is 1 + the batches drawn before it // ``train.grad_accum``. A resumed process
+    starts counting at the restored step. Faults act through hooks, so the engine is untouched:
 
     - ``inject_nan_at``: a forward hook makes the model's output NaN, so the loss and every
       gradient are NaN (on every rank).
     - ``grad_spike_at``: parameter hooks multiply every gradient by ``grad_spike_factor`` before
       DDP averages them (on every rank).
-    - ``lr_spike_at``: the LR of steps s … s + ``lr_spike_steps`` − 1 is multiplied by
-      ``lr_spike_factor`` (each step once); the scheduler sets the planned LR again after each step.
+    - ``lr_spike_at``: the LR of the steps on the data of steps s … s + ``lr_spike_steps`` − 1 is
+      multiplied by ``lr_spike_factor``; the scheduler sets the planned LR again after each step.
     - ``slow_rank``: that rank sleeps ``slow_rank_s`` in the forward pass of every step.
+
+    Each ``chaos`` event carries ``at_step`` (the step that met the fault) and ``data_step``.
     """
 
     def __init__(self, cfg: ChaosConfig) -> None:
         self.cfg = cfg
-        self.fired: set[tuple[str, int]] = set()
         self.nan = self.spike = self.slow = False  # what the running step does
         n = cfg.lr_spike_steps
-        self.lr_spike_steps = sorted({s + i for s in cfg.lr_spike_at for i in range(n)})
+        self.lr_spike_steps = {s + i for s in cfg.lr_spike_at for i in range(n)}
+        self.drawn: int | None = None  # batches drawn by the trainer (set at the first step)
         self.handles: list[Any] = []
+        self.trainer: Trainer | None = None  # whose next_batch is wrapped
 
     @classmethod
     def wanted(cls, cfg: ChaosConfig) -> bool:
@@ -57,31 +67,36 @@ class TrainingFaults(Plugin):
             for p in model.parameters():
                 if p.requires_grad:
                     self.handles.append(p.register_hook(lambda g: g * factor if self.spike else g))
+        draw = trainer.next_batch
 
-    def _once(self, fault: str, step: int, steps: list[int]) -> bool:
-        if step in steps and (fault, step) not in self.fired:
-            self.fired.add((fault, step))
-            return True
-        return False
+        def counted() -> Batch:
+            self.drawn = (self.drawn or 0) + 1
+            return draw()
+
+        trainer.next_batch = counted  # type: ignore[method-assign]  # an instance attribute, removed at the end
+        self.trainer = trainer
 
     def on_step_start(self, trainer: Trainer) -> None:
-        step = trainer.state.step + 1
-        self.nan = self._once("nan", step, self.cfg.inject_nan_at)
-        self.spike = self._once("grad_spike", step, self.cfg.grad_spike_at)
+        accum = trainer.cfg.train.grad_accum
+        if self.drawn is None:  # the first step of this process: at the restored step if resumed
+            self.drawn = trainer.state.step * accum
+        data_step = self.drawn // accum + 1
+        self.nan = data_step in self.cfg.inject_nan_at
+        self.spike = data_step in self.cfg.grad_spike_at
         self.slow = True
-        lr_spike_starts = step in self.cfg.lr_spike_at and ("lr_spike", step) not in self.fired
-        if self._once("lr_spike", step, self.lr_spike_steps):
+        if data_step in self.lr_spike_steps:
             for group in trainer.optimizer.param_groups:
                 group["lr"] *= self.cfg.lr_spike_factor
         if trainer.dist.is_main:
+            where = {"at_step": trainer.state.step + 1, "data_step": data_step}
             for fault, active in (("nan", self.nan), ("grad_spike", self.spike)):
                 if active:
-                    trainer.log_event("chaos", fault=fault, at_step=step)
-            if lr_spike_starts:
+                    trainer.log_event("chaos", fault=fault, **where)
+            if data_step in self.cfg.lr_spike_at:
                 trainer.log_event(
                     "chaos",
                     fault="lr_spike",
-                    at_step=step,
+                    **where,
                     factor=self.cfg.lr_spike_factor,
                     steps=self.cfg.lr_spike_steps,
                 )
@@ -101,6 +116,9 @@ class TrainingFaults(Plugin):
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        if self.trainer is not None:
+            del self.trainer.next_batch  # the class's method again
+            self.trainer = None
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         self._remove()

@@ -9,17 +9,18 @@ from typing import Any
 import numpy as np
 
 from vatra.config._monitor import MonitorConfig
+from vatra.engine.signals import STREAMS, RobustZ
 from vatra.monitor._base import Detector, build_detector
 from vatra.monitor._fitproc import build_fitter
 from vatra.monitor._learned import LearnedDetector
-from vatra.monitor.zscore import RobustZ
 
-FEATURES = ("loss_z", "grad_norm_z", "loss_change_z")
+FEATURES = tuple(f"{name}_z" for name in STREAMS)  # ("loss_z", "grad_norm_z", "loss_change_z")
 
 
 @dataclass
 class Alarm:
-    """One anomalous step: which detectors fired, their scores and thresholds, and the raw values."""
+    """One anomalous step: which detectors fired, their scores and thresholds, the raw values, and
+    the streams it is blamed on (see :class:`~vatra.engine.signals.Verdict`)."""
 
     step: int
     detectors: list[str]
@@ -27,10 +28,12 @@ class Alarm:
     thresholds: dict[str, float] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
     features: dict[str, float] = field(default_factory=dict)
+    streams: list[str] = field(default_factory=list)
 
     def as_event(self) -> dict[str, Any]:
         return {
             "detectors": self.detectors,
+            "streams": self.streams,
             "scores": self.scores,
             "thresholds": self.thresholds,
             "values": self.values,
@@ -111,7 +114,9 @@ class Ensemble:
             if math.isfinite(loss) and math.isfinite(grad_norm):
                 finite.append(j)
             else:
-                verdicts[j] = Alarm(steps[j], ["nonfinite"], values={"loss": loss, "grad_norm": grad_norm})
+                values = {"loss": loss, "grad_norm": grad_norm}
+                streams = [name for name, v in values.items() if not math.isfinite(v)]
+                verdicts[j] = Alarm(steps[j], ["nonfinite"], values=values, streams=streams)
         if not finite:
             return verdicts
         # the baselines move on every finite step
@@ -170,11 +175,17 @@ class Ensemble:
                 d.learn_many(window[clean])
         return verdicts
 
-    @staticmethod
     def _alarm(
-        step: int, ready: list[Detector], row: dict[str, float], x: np.ndarray, loss: float, grad_norm: float
+        self,
+        step: int,
+        ready: list[Detector],
+        row: dict[str, float],
+        x: np.ndarray,
+        loss: float,
+        grad_norm: float,
     ) -> Alarm:
-        """The alarm's record, with the scores of the detectors the vote did not need to ask."""
+        """The alarm's record, with the scores of the detectors the vote did not need to ask, blamed
+        on the streams whose z exceeds ``zscore_threshold``."""
         scores = {
             d.name: row[d.name]
             if math.isfinite(row.get(d.name, math.nan))
@@ -184,7 +195,11 @@ class Ensemble:
         thresholds = {d.name: d.threshold() for d in ready}
         fired = [name for name in scores if scores[name] > thresholds[name]]
         values = {"loss": loss, "grad_norm": grad_norm}
-        return Alarm(step, fired, scores, thresholds, values, dict(zip(FEATURES, x.tolist(), strict=True)))
+        z = x.tolist()
+        streams = [name for name, zi in zip(STREAMS, z, strict=True) if zi > self.cfg.zscore_threshold]
+        return Alarm(
+            step, fired, scores, thresholds, values, dict(zip(FEATURES, z, strict=True)), streams=streams
+        )
 
     def close(self, wait: bool = True) -> None:
         """Wait for fits in flight (or, without ``wait``, abandon them), then stop the helper process;

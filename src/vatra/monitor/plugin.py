@@ -7,7 +7,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,9 +16,9 @@ import torch.distributed as dist
 from vatra._extras import MissingExtra, require
 from vatra.config import Config
 from vatra.engine import Plugin
-from vatra.monitor._judge import Judge, build_judge
+from vatra.engine.signals import Verdict, stream_mask
 from vatra.monitor.collect import SystemSampler, module_grad_norms
-from vatra.monitor.ensemble import Alarm
+from vatra.monitor.ensemble import Alarm, Ensemble
 from vatra.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -27,37 +27,9 @@ if TYPE_CHECKING:
 # One row per rank per step; the gather ships (steps, len(COLUMNS)) float64 per rank.
 COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "data_time_s", "compute_time_s")
 _, LOSS, GRAD, TIME, DATA, COMPUTE = range(len(COLUMNS))  # their indices in a row
-
-
-@dataclass
-class Verdict:
-    """What rank 0 concluded from a gathered window; identical on every rank (broadcast).
-
-    Healing policies read it from ``trainer.state.extras["monitor"]`` at the step it is delivered
-    (None at other steps): 0–4 steps after its window ends, by configuration (see :class:`Monitor`).
-    """
-
-    step: int  # the step this verdict was delivered at
-    steps: list[int]  # the window's steps, in order
-    loss: list[float]  # mean loss over ranks per step of the window
-    alarms: int  # ensemble alarms in the window
-    straggler_ratio: float  # slowest rank's compute time over the median of the other ranks'
-    slowest_rank: int
-    data_share: float  # the largest rank's share of step time spent waiting for data
-    alarm_steps: list[int] = field(default_factory=list)
-
-    def then(self, later: Verdict) -> Verdict:
-        """This verdict and a later one delivered at the same step, as one (the end of a run)."""
-        return Verdict(
-            step=later.step,
-            steps=self.steps + later.steps,
-            loss=self.loss + later.loss,
-            alarms=self.alarms + later.alarms,
-            straggler_ratio=later.straggler_ratio,
-            slowest_rank=later.slowest_rank,
-            data_share=later.data_share,
-            alarm_steps=self.alarm_steps + later.alarm_steps,
-        )
+# The verdict's broadcast vector: these 4 values, then the window's k mean losses, then k alarm masks.
+HEAD = ("alarms", "slowest_rank", "straggler_ratio", "data_share")
+ALARMS, SLOWEST, RATIO, SHARE = range(len(HEAD))
 
 
 Stage = Callable[["Trainer", "_Window", dict[str, Any]], "Verdict | None"]
@@ -75,22 +47,21 @@ class _Window:
     parts: list[torch.Tensor] | None = None  # rank 0: the gather's buffers
     box: torch.Tensor | None = None  # the verdict vector's broadcast buffer
     work: Any = None  # the collective in flight
-    vector: list[float] | None = None  # [alarms, slowest rank, straggler ratio, data share, k losses]
-    alarm_steps: list[int] = field(default_factory=list)
+    vector: list[float] | None = None  # [*HEAD, k mean losses, k alarm masks]
     stale: bool = False  # its steps were undone by a rollback: judged and logged, not acted on
 
 
-def _verdict(step: int, steps: list[int], v: list[float], alarm_steps: list[int]) -> Verdict:
-    """A verdict from its vector: [alarms, slowest rank, straggler ratio, data share, k mean losses]."""
-    return Verdict(
-        step=step,
-        steps=steps,
-        loss=v[4:],
-        alarms=int(v[0]),
-        straggler_ratio=v[2],
-        slowest_rank=int(v[1]),
-        data_share=v[3],
-        alarm_steps=alarm_steps,
+def _verdict(step: int, steps: list[int], v: list[float]) -> Verdict:
+    """A verdict from its vector: [*HEAD, k mean losses, k alarm masks]."""
+    k = len(steps)
+    return Verdict.from_masks(
+        step,
+        steps,
+        v[len(HEAD) : len(HEAD) + k],
+        [int(m) for m in v[len(HEAD) + k :]],
+        straggler_ratio=v[RATIO],
+        slowest_rank=int(v[SLOWEST]),
+        data_share=v[SHARE],
     )
 
 
@@ -110,11 +81,11 @@ class Monitor(Plugin):
       cores, 4 % of the flagship's step time); one step later rank 0 has the rows and hands the
       window to the ensemble; the verdict's ``broadcast`` starts when the ensemble has answered, and
       every rank reads the verdict one step after that;
-    - the ensemble runs in a helper process (``judge_in = "process"``, see ``_judge``): its answer
-      is read two steps after it got the window; inline, at once.
+    - alone, the ensemble judges the window at its last step.
 
-    Verdicts thus act 2 steps (alone) or 4 steps (with peers) after their window ends; 0 and 2 with
-    ``judge_in = "inline"``. The run's last step takes every window in flight to its verdict.
+    Verdicts thus act at the window's last step alone, 2 steps after it with peers. The run's last
+    step takes every window in flight to its verdict. The ensemble runs in rank 0's training
+    process: a forked judge process bought nothing measurable on the flagship and was removed.
 
     Compute time is measured from the step's start to the moment the first parameter's gradient
     is produced (the end of local backward, before DDP waits for the last bucket), so a slow rank
@@ -133,14 +104,14 @@ class Monitor(Plugin):
         self.anomalies = 0
         self.group: Any = None  # with peers: the monitor's own process group
         self.in_flight: deque[_Window] = deque()  # oldest first
-        self.judge: Judge | None = None  # rank 0: where the ensemble runs
+        self.ensemble: Ensemble | None = None  # rank 0
         self.last_step = 0  # a step at or below it means a rollback
         self.schedule: list[list[Stage]] = []  # a window's stage groups (set at fit start)
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self.sampler = SystemSampler(trainer.dist.device)
         if trainer.dist.is_main:
-            self.judge = build_judge(self.cfg, trainer.cfg.run.seed)
+            self.ensemble = Ensemble(self.cfg, seed=trainer.cfg.run.seed)
         if trainer.dist.distributed:  # collective: every rank builds its plugins alike
             # Its own group: the window's collectives run beside DDP's, not queued among them.
             self.group = dist.new_group()
@@ -205,16 +176,9 @@ class Monitor(Plugin):
     # ------------------------------------------------------------- the window pipeline
     def _schedule(self) -> list[list[Stage]]:
         """A window's stage groups; by config only, so every rank runs the same collectives."""
-        # In its helper the ensemble gets two steps to answer (one was not always enough on a 1 ms
-        # step: the helper looks for work between short sleeps); inline it answers at once.
-        later = self.cfg.judge_in == "process"
-        alone: list[list[Stage]] = [[self._submit], [], [self._collect, self._deliver]]
-        judge: list[list[Stage]] = [[self._gathered, self._submit], [], [self._collect, self._broadcast]]
-        if not later:  # one group: judged where it is submitted
-            alone, judge = [alone[0] + alone[-1]], [judge[0] + judge[-1]]
         if self.group is None:
-            return alone
-        return [[self._gather], *judge, [self._deliver]]
+            return [[self._judge, self._deliver]]
+        return [[self._gather], [self._gathered, self._judge, self._broadcast], [self._deliver]]
 
     def _open(self, trainer: Trainer, metrics: dict[str, Any], stale: bool = False) -> list[Verdict]:
         """A window of the rows since the last one; its first stage group runs now."""
@@ -255,29 +219,29 @@ class Monitor(Plugin):
         if w.parts is not None:
             w.rows = torch.stack(w.parts).tolist()
 
-    def _submit(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
-        if w.rows is not None:  # rank 0
-            assert self.judge is not None
-            w.vector = self._view(w.rows, metrics)
-            grad_norms = [r[GRAD] for r in w.rows[0]]  # the global norm: identical on every rank
-            self.judge.submit(w.steps, w.vector[4:], grad_norms)
-
-    def _collect(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
-        if w.rows is not None and w.vector is not None:  # rank 0
-            assert self.judge is not None
-            for j, alarm in enumerate(self.judge.collect()):
-                if alarm is not None:
-                    w.alarm_steps.append(alarm.step)
-                    self._log_alarm(trainer, alarm, [r[j][LOSS] for r in w.rows])
-            w.vector[0] = float(len(w.alarm_steps))
-            metrics["anomalies"] = self.anomalies
+    def _judge(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
+        """Rank 0: the window's view, the ensemble's alarms (logged), the verdict vector."""
+        if w.rows is None:  # another rank: its verdict comes in the broadcast
+            return
+        assert self.ensemble is not None
+        head = self._view(w.rows, metrics)
+        losses = head[len(HEAD) :]
+        grad_norms = [r[GRAD] for r in w.rows[0]]  # the global norm: identical on every rank
+        masks = [0.0] * len(w.steps)
+        for j, alarm in enumerate(self.ensemble.observe_window(w.steps, losses, grad_norms)):
+            if alarm is not None:
+                masks[j] = float(stream_mask(alarm.streams))
+                self._log_alarm(trainer, alarm, [r[j][LOSS] for r in w.rows])
+        head[ALARMS] = float(sum(m > 0 for m in masks))
+        w.vector = head + masks
+        metrics["anomalies"] = self.anomalies
 
     def _broadcast(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> None:
         device = trainer.dist.device
         if w.vector is not None:  # rank 0
             w.box = torch.tensor(w.vector, dtype=torch.float64, device=device)
         else:
-            w.box = torch.zeros(4 + len(w.steps), dtype=torch.float64, device=device)
+            w.box = torch.zeros(len(HEAD) + 2 * len(w.steps), dtype=torch.float64, device=device)
         w.work = dist.broadcast(w.box, src=0, group=self.group, async_op=True)
 
     def _deliver(self, trainer: Trainer, w: _Window, metrics: dict[str, Any]) -> Verdict | None:
@@ -287,11 +251,11 @@ class Monitor(Plugin):
         if w.stale:
             return None
         assert w.vector is not None
-        return _verdict(trainer.state.step, w.steps, w.vector, w.alarm_steps)
+        return _verdict(trainer.state.step, w.steps, w.vector)
 
     def _view(self, window: list[list[list[float]]], metrics: dict[str, Any]) -> list[float]:
         """Rank 0: the verdict vector of a window (W ranks × k steps × C columns, as lists) but for
-        its alarms: mean loss per step, the straggler and the data-wait view. Plain Python, not
+        what the ensemble adds: the straggler and data-wait view, mean loss per step. Plain Python, not
         numpy: inside a run each small numpy call costs several times what it costs on its own
         (the training step has taken the caches), and these are tiny."""
         ranks, k = len(window), len(window[0])
@@ -324,9 +288,9 @@ class Monitor(Plugin):
         if self.hook is not None:
             self.hook.remove()
             self.hook = None
-        if self.judge is not None:
-            self.judge.close(wait=False)  # a fit still running is of no use now
-            self.judge = None
+        if self.ensemble is not None:
+            self.ensemble.close(wait=False)  # a fit still running is of no use now
+            self.ensemble = None
         if self.sampler is not None:
             self.sampler.close()
 

@@ -87,6 +87,7 @@ EVENT_STYLE = {  # event -> (colour, line style, label)
     "anomaly": ("tab:red", ":", "anomaly"),
     "skip_update": ("tab:gray", "--", "skipped update"),
     "rollback": ("tab:orange", "-", "rollback"),
+    "lr_restore": ("tab:green", "--", "LR back on schedule"),
     "chaos": ("tab:purple", "-.", "injected fault"),
     "straggler": ("tab:brown", "--", "straggler named"),
     "prefetch": ("tab:cyan", "--", "prefetch raised"),

@@ -10,7 +10,7 @@ from vatra.registry import POLICIES
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
-    from vatra.monitor.plugin import Verdict
+    from vatra.engine.signals import Verdict
 
 
 def build_policy(value: str, cfg: Config, key: str = "heal.policies") -> Policy:

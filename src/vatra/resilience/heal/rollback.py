@@ -1,15 +1,17 @@
-"""Roll back to the last good state on NaN/Inf or sustained divergence, then back the LR off."""
+"""Roll back to the last good state on NaN/Inf or divergence and skip the faulty window's data."""
 
 from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vatra.config import Config
+from vatra.engine.signals import LOSS_STREAMS
 from vatra.resilience.heal._base import Action, Policy
 from vatra.resilience.heal.cap import HealingFailed
 
@@ -17,7 +19,7 @@ LAST_GOOD = "last-good"  # the tag the checkpoint plugin puts on versions saved 
 
 if TYPE_CHECKING:
     from vatra.engine import Checkpointer, Trainer
-    from vatra.monitor.plugin import Verdict
+    from vatra.engine.signals import Verdict
 
 
 Pairs = list[tuple[torch.Tensor, torch.Tensor]]
@@ -123,16 +125,37 @@ class Snapshot:
 
 
 class Rollback(Policy):
-    """On a non-finite gradient norm, a non-finite mean loss, a mean loss above
-    ``divergence_factor`` × its healthy baseline for ``divergence_steps`` consecutive steps (above
-    the baseline by ``factor - 1`` times its size, or times 3 × its typical change where the loss
-    is near or below zero), or
-    ``escalate_after_skips`` consecutive skipped updates:
+    """Roll back to the last good state and skip the data of the faulty window, as PaLM's authors
+    did for loss spikes (Chowdhery et al. 2022, §5.1: restart ~100 steps before the spike and skip
+    the 200–500 batches around it), on:
 
-    1. restore ``last-good`` through ``trainer.state.checkpointer`` (the checkpoint plugin), or
-       from this policy's in-memory snapshot when no checkpoint plugin runs;
-    2. keep the sampler where it was, so the batches since last-good are skipped, not replayed;
-    3. multiply the LR by ``heal.lr_backoff`` (cumulative over rollbacks, for the rest of the run).
+    - a non-finite gradient norm (decided at once, from the norm every rank has);
+    - a non-finite mean loss in the monitor's verdict;
+    - a divergence: the verdict blames alarms on the loss streams (the loss or its change), and the
+      loss is not back on its baseline in the next ``divergence_windows`` − 1 windows either (each
+      window alarms on the loss streams again or its mean loss stays above the baseline). The
+      monitor's robust z follows a lasting change of level within tens of steps, so a diverged loss
+      stops alarming while it stays up; a transient spike that comes back down rolls nothing back;
+    - ``escalate_after_skips`` consecutive skipped updates (the weights, not a batch, are bad).
+
+    The baseline is the last clean window's (no alarm) mean loss plus its standard deviation.
+
+    A rollback
+
+    1. restores ``last-good`` through ``trainer.state.checkpointer`` (the checkpoint plugin), or
+       this policy's in-memory snapshot when no checkpoint plugin runs;
+    2. skips the faulty window's data: the sampler keeps its position, so the batches since the
+       restored step are not replayed, and when the rollback comes sooner than the divergence rule
+       could have (non-finite values, repeated skips), the batches up to ``divergence_windows`` ×
+       ``monitor.gather_every`` steps past the first abnormal one are skipped too: a bad stretch of
+       data can outlast the steps that revealed it;
+    3. keeps the LR on its schedule. Only a rollback that comes before the loss got back on its
+       baseline after the previous one (skipping the data did not help) multiplies the LR by
+       ``heal.lr_backoff`` (cumulative), and the LR returns to its schedule once a clean window's
+       loss is back on the baseline from before the fault (an ``lr_restore`` action).
+
+    Every input is identical on every rank (the all-reduced gradient norm, the broadcast verdict), so
+    every rank rolls back at the same step to the same version, and each skips its own data alike.
 
     In-memory snapshots are taken on verdict steps at most every ``snapshot_every`` steps and only
     promoted to last-good after the next verdict is clean as well: a verdict covers the steps
@@ -144,19 +167,21 @@ class Rollback(Policy):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.nonfinite_at: int | None = None
-        self.baseline: float | None = None
-        self.spread = 0.0  # running mean |loss - baseline| of healthy steps
-        self.above = 0
+        self.skips_in_a_row = 0
+        self.diverging = 0  # windows since the loss streams alarmed without the loss coming back
+        self.onset: int | None = None  # the first loss-stream alarm of those windows
+        self.baseline: tuple[float, float] | None = None  # (mean, sd) of the last clean window's loss
+        self.recovering = False  # rolled back, and the loss not back on the baseline yet
         self.lr_scale = 1.0
         self.base_lrs: list[float] = []
         self.good: Snapshot | None = None
         self.pending: Snapshot | None = None
         self.spare: Snapshot | None = None  # an outdated snapshot whose buffers the next one reuses
         self.rollbacks = 0
-        self.skips_in_a_row = 0
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        self.base_lrs = [float(b) for b in trainer.scheduler.base_lrs]
+        # The LRs the schedule was built with: a checkpoint saved while backed off holds scaled ones.
+        self.base_lrs = [float(g["initial_lr"]) for g in trainer.optimizer.param_groups]
         self.good = Snapshot.take(trainer)  # the starting state is good by definition
 
     def after_backward(self, trainer: Trainer, grad_norm: float) -> Action | None:
@@ -187,31 +212,50 @@ class Rollback(Policy):
                 return Action(
                     self.name, "rollback", "non-finite loss", {"at_step": step, "loss": loss, "onset": step}
                 )
-            if self.baseline is None:
-                self.baseline = loss
-            elif loss - self.baseline > (self.cfg.divergence_factor - 1.0) * self._scale():
-                self.above += 1
-                if self.above >= self.cfg.divergence_steps:
-                    onset = step - self.above + 1
-                    evidence = {"at_step": step, "loss": loss, "baseline": self.baseline, "onset": onset}
-                    return Action(self.name, "rollback", "loss diverged", evidence)
-            else:
-                self.above = 0
-                self.spread += 0.1 * (abs(loss - self.baseline) - self.spread)
-                self.baseline += 0.1 * (loss - self.baseline)
-        if trainer.state.checkpointer is None:
+        action = self._judge_loss(verdict)
+        if action is None and trainer.state.checkpointer is None:
             self._snapshot(trainer, verdict)
-        return None
+        return action
 
-    def _scale(self) -> float:
-        """What "factor × baseline" is measured against: the baseline's size, or, for a loss that
-        sits near or below zero (a multitask loss with learned weights, a log-likelihood), three
-        times its typical step-to-step change."""
+    def _judge_loss(self, verdict: Verdict) -> Action | None:
+        """The divergence rule, and the end of a recovery, on one verdict."""
+        mean = statistics.fmean(verdict.loss)
+        alarmed = verdict.alarmed_on(LOSS_STREAMS)
+        back = not alarmed and self.baseline is not None and mean <= sum(self.baseline)
+        if alarmed and not self.diverging:
+            self.onset = alarmed[0]
+        if alarmed or (self.diverging and not back):
+            self.diverging += 1
+            if self.diverging >= self.cfg.divergence_windows:
+                assert self.onset is not None
+                evidence = {
+                    "at_step": verdict.steps[-1],
+                    "onset": self.onset,
+                    "windows": self.diverging,
+                    "loss": mean,
+                    "baseline": self.baseline[0] if self.baseline else None,
+                }
+                return Action(self.name, "rollback", "loss diverged", evidence)
+            return None
+        self.diverging, self.onset = 0, None
+        if verdict.alarms:
+            return None
+        if not self.recovering:
+            sd = statistics.pstdev(verdict.loss) if len(verdict.loss) > 1 else 0.0
+            self.baseline = (mean, sd)
+            return None
+        if not back:
+            return None
+        self.recovering = False
+        if self.lr_scale == 1.0:
+            return None
         assert self.baseline is not None
-        return max(abs(self.baseline), 3.0 * self.spread, 1e-12)
+        reason = f"loss back on its baseline ({mean:.4g} ≤ {sum(self.baseline):.4g}): LR back on schedule"
+        evidence = {"at_step": verdict.steps[-1], "loss": mean, "baseline": self.baseline[0]}
+        return Action(self.name, "lr_restore", reason, evidence, capped=False)
 
     def _snapshot(self, trainer: Trainer, verdict: Verdict) -> None:
-        clean = verdict.alarms == 0 and self.above == 0 and trainer.state.healthy
+        clean = verdict.alarms == 0 and self.diverging == 0 and trainer.state.healthy
         if not clean:
             self.spare, self.pending = self.pending or self.spare, None
             return
@@ -222,11 +266,17 @@ class Rollback(Policy):
             self.pending, self.spare = Snapshot.take(trainer, reuse=self.spare), None
 
     def apply(self, trainer: Trainer, action: Action) -> None:
+        if action.kind == "lr_restore":
+            self.lr_scale = 1.0
+            self._scale_lr(trainer)
+            action.evidence["lr_scale"] = self.lr_scale
+            return
         from_step = trainer.state.step
         data_now = trainer.batches.state_dict()
         # The update of the step before the first abnormal one may be the culprit (its damage shows
         # one step later), so a good state is at most onset - 2.
-        newest_ok = int(action.evidence["onset"]) - 2
+        onset = int(action.evidence["onset"])
+        newest_ok = onset - 2
         checkpointer = trainer.state.checkpointer
         if checkpointer is not None:
             source = self._restore_checkpoint(trainer, checkpointer, newest_ok)
@@ -237,15 +287,26 @@ class Rollback(Policy):
                 )
             self.good.restore(trainer)
             source = "memory"
-        trainer.batches.load_state_dict(data_now)  # skip the offending batches
-        self.lr_scale *= self.cfg.lr_backoff
-        self._scale_lr(trainer)
+        trainer.batches.load_state_dict(data_now)  # the batches since the restored step: skipped
+        # ... and those of the faulty window that the detectors have not seen yet
+        ahead = max(0, self.cfg.divergence_windows * self.monitor.gather_every - (from_step - onset + 1))
+        for _ in range(ahead * trainer.cfg.train.grad_accum):
+            trainer.next_batch()
+        if self.recovering:  # the last rollback's skipped data was not the cause: the LR may be
+            self.lr_scale *= self.cfg.lr_backoff
+        self._scale_lr(trainer)  # also puts back the schedule's height a restored checkpoint held
         self.spare = self.pending or self.spare
-        self.nonfinite_at, self.above, self.pending, self.skips_in_a_row = None, 0, None, 0
+        self.nonfinite_at, self.pending, self.skips_in_a_row = None, None, 0
+        self.diverging, self.onset = 0, None
+        self.recovering = True
         self.rollbacks += 1
         trainer.state.healthy = False
         action.evidence.update(
-            from_step=from_step, to_step=trainer.state.step, lr_scale=self.lr_scale, source=source
+            from_step=from_step,
+            to_step=trainer.state.step,
+            skipped_steps_of_data=from_step - trainer.state.step + ahead,
+            lr_scale=self.lr_scale,
+            source=source,
         )
 
     @staticmethod

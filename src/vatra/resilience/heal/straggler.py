@@ -9,7 +9,7 @@ from vatra.resilience.heal._base import Action, Policy
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
-    from vatra.monitor.plugin import Verdict
+    from vatra.engine.signals import Verdict
 
 
 class Straggler(Policy):
