@@ -104,7 +104,7 @@ def main() -> None:
         t0 = time.perf_counter()
         shards = encode(data, 4, 6)
         enc_s = time.perf_counter() - t0
-        payloads = {i: parse_shard(shards[i])[4] for i in (2, 3, 4, 5)}  # type: ignore[index]
+        payloads = {i: parse_shard(shards[i]).payload for i in (2, 3, 4, 5)}
         t0 = time.perf_counter()
         assert decode(payloads, 4, 6, nbytes) == data
         dec_s = time.perf_counter() - t0

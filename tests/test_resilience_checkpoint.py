@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from pathlib import Path
 
@@ -103,15 +102,28 @@ def test_async_save_matches_sync_and_blocks_less(tmp_path: Path) -> None:
     assert len(p_async.costs) == len(p_sync.costs) == 4
 
 
-def test_world_size_change_is_a_clear_error(tmp_path: Path) -> None:
-    cfg = _cfg()
-    _fit(cfg, tmp_path / "run")
+def test_gc_in_a_run_meeting_an_unreadable_manifest_deletes_nothing_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the store already holds a truncated manifest (its objects are unknown)
+    cfg = _cfg(keep_last=1)
     store = open_store(cfg.store, tmp_path / "run" / "checkpoints")
-    manifest = store.manifest(LATEST)
-    manifest["world_size"] = 4
-    store.backend.put(f"versions/{manifest['version']}.json", json.dumps(manifest).encode())
-    with pytest.raises(ConfigError, match=r"written by 4 rank\(s\) but this run has 1.*--nproc 4"):
-        _fit(cfg, tmp_path / "run")
+    store.backend.put("versions/s0000001-old.json", b'{"version": "s0000001-old", "files": {')
+    work = tmp_path / "run" / "checkpoints" / ".work"  # a killed save's staging files, two layouts
+    for leftover in (work / "rank00000" / "s0000001-a0" / "__0_0.distcp", work / "s0000001-a0" / ".metadata"):
+        leftover.parent.mkdir(parents=True)
+        leftover.write_bytes(b"partial")
+    # Execute: four saves, each followed by gc --keep 1
+    trainer, _ = _fit(cfg, tmp_path / "run")
+    # Assert: the run finished; every gc aborted with the reason logged and deleted nothing
+    assert trainer.state.step == 20
+    aborted = _events(tmp_path / "run", "gc_aborted")
+    assert [e["step"] for e in aborted] == [5, 10, 15, 20]
+    assert all("versions/s0000001-old.json" in e["reason"] for e in aborted)
+    assert [m["step"] for m in store.versions()] == [5, 10, 15, 20]
+    assert all(store.verify(m["version"]) == [] for m in store.versions())
+    assert store.backend.keys("versions/").count("versions/s0000001-old.json") == 1
+    assert not [p for p in work.rglob("*") if p.is_file()]  # removed at the start, none left by saves
 
 
 def test_auto_interval_follows_young_daly(tmp_path: Path) -> None:
@@ -153,3 +165,14 @@ def test_checkpointer_protocol_for_other_plugins(tmp_path: Path) -> None:
     assert store.resolve(LATEST) == sick
     assert trainer.state.step == 3
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(trainer), strict=True))
+
+
+def test_a_checkpoint_of_another_model_is_a_clear_error_not_a_fallback(tmp_path: Path) -> None:
+    _fit(_cfg(), tmp_path / "run")
+    other = _cfg()
+    other.model.hidden = [16]  # the saved weights are 32 wide
+    with pytest.raises(
+        ConfigError, match=r"checkpoint s0000020-a0 does not fit this run: .*[Ss]ize mismatch"
+    ):
+        _fit(other, tmp_path / "run")
+    assert not _events(tmp_path / "run", "checkpoint_corrupt")  # no version was blamed for it

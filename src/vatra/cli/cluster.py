@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from vatra.cli.app import app
@@ -35,12 +37,19 @@ def cluster_run(
     ctx: typer.Context,
     name: str = NAME,
     timeout: float | None = typer.Option(None, "--timeout", help="Stop every host after this many seconds."),
+    private_dir: list[Path] = typer.Option(
+        [],
+        "--private-dir",
+        help="Give each host its own copy of this folder (host I sees FOLDER.hI there): no shared "
+        "run folder, as between machines (repeatable).",
+    ),
 ) -> None:
     """Run a command on every host: vatra cluster run -- vatra train CONFIG [--set k=v]."""
     cluster = Cluster.load(name)
-    code = cluster.run(list(ctx.args), timeout=timeout)
+    code = cluster.run(list(ctx.args), timeout=timeout, private=private_dir)
     if code:
-        raise typer.Exit(code)
+        # not typer.Exit: under standalone_mode=False click returns its code instead of exiting
+        raise SystemExit(code)
 
 
 @cluster_app.command("down")

@@ -11,7 +11,9 @@
   the current epoch already consumed (exact for a deterministic iterable).
 
 Repositioning (``load_state_dict``: a resume or a rollback) drops what was read ahead and starts
-the DataLoader again at the new position.
+the DataLoader again at the new position. Only a map-style position can move to another world size
+(``take_over``): a stream's reader positions and an iterable's batch count belong to the ranks that
+read them.
 """
 
 from __future__ import annotations
@@ -217,6 +219,18 @@ class Batches:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def shard(self) -> np.ndarray | None:
+        """The dataset indices this rank samples from (what ``take_over`` needs of every saved rank),
+        or None when the reader has no shard of indices (streams, iterables)."""
+        return None
+
+    def take_over(self, old: list[tuple[dict[str, Any], np.ndarray]], rank: int, world_size: int) -> None:
+        """Continue as ``rank`` of ``world_size`` from the saved positions of another world size."""
+        raise ValueError(
+            f"a {self.kind!r} dataset resumes only with the world size that read it (its positions "
+            "belong to those ranks' readers)"
+        )
+
     def _check_kind(self, state: dict[str, Any]) -> None:
         if state.get("kind") != self.kind:
             raise ValueError(
@@ -240,7 +254,7 @@ class MapBatches(Batches):
         return self._it is None or self._version != self.sampler.version
 
     def position_key(self) -> list[int]:
-        return [self.sampler.seed, self.sampler.epoch, self.sampler.position]
+        return [self.sampler.seed, self.sampler.epoch, self.sampler.position, len(self.sampler.carry)]
 
     def _make_iter(self) -> Iterator[Any]:
         self._version = self.sampler.version
@@ -278,6 +292,18 @@ class MapBatches(Batches):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check_kind(state)
         self.sampler.load_state_dict({k: v for k, v in state.items() if k != "kind"})
+
+    def shard(self) -> np.ndarray:
+        return self.sampler.indices
+
+    def take_over(self, old: list[tuple[dict[str, Any], np.ndarray]], rank: int, world_size: int) -> None:
+        for state, _ in old:
+            self._check_kind(state)
+        self.sampler.take_over(
+            [({k: v for k, v in state.items() if k != "kind"}, shard) for state, shard in old],
+            rank,
+            world_size,
+        )
 
 
 class StreamBatches(Batches):

@@ -1,8 +1,15 @@
-"""Endless, resumable sampling of index batches over one shard."""
+"""Endless, resumable sampling of index batches over one shard, and its hand-over to another world size."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+
+def epoch_order(seed: int, epoch: int, size: int, shuffle: bool = True) -> np.ndarray:
+    """Positions into a shard of ``size`` in epoch ``epoch``'s visiting order."""
+    return np.random.default_rng([seed, epoch]).permutation(size) if shuffle else np.arange(size)
 
 
 class ShardSampler:
@@ -13,6 +20,9 @@ class ShardSampler:
     epoch boundary continues into the next epoch's order: no short batches, no sample skipped.
     With ``epoch_end`` the last batch of an epoch is short instead (⌈size / batch⌉ batches per
     epoch: a federated client's local epoch).
+
+    After a world-size change (:meth:`take_over`) the sampler first serves its ``carry``: its part
+    of what the old ranks had left of the interrupted epoch; then epoch ``epoch`` of its own shard.
     """
 
     def __init__(
@@ -35,6 +45,7 @@ class ShardSampler:
         self.epoch_end = epoch_end
         self.epoch = 0
         self.position = 0
+        self.carry = np.empty(0, dtype=np.int64)  # dataset indices served before epoch `epoch` starts
         self.version = 0  # bumped by load_state_dict: a loader reading ahead must start again from here
         self._order_epoch = -1
         self._order = np.empty(0, dtype=np.int64)
@@ -46,20 +57,25 @@ class ShardSampler:
     def _epoch_order(self) -> np.ndarray:
         """Positions into ``indices`` in this epoch's visiting order (cached per epoch)."""
         if self._order_epoch != self.epoch:
-            size = len(self.indices)
-            if self.shuffle:
-                self._order = np.random.default_rng([self.seed, self.epoch]).permutation(size)
-            else:
-                self._order = np.arange(size)
+            self._order = epoch_order(self.seed, self.epoch, len(self.indices), self.shuffle)
             self._order_epoch = self.epoch
         return self._order
+
+    def _batch_len(self) -> int:
+        """Samples in the next batch: a full one; with ``epoch_end`` at most what is left of the epoch."""
+        if not self.epoch_end:
+            return self.batch_size
+        left = len(self.carry) or len(self.indices) - self.position
+        return min(self.batch_size, left)
 
     def next_batch(self) -> np.ndarray:
         """The next ``batch_size`` dataset indices."""
         parts: list[np.ndarray] = []
-        need = self.batch_size
-        if self.epoch_end:
-            need = min(need, len(self.indices) - self.position)
+        need = self._batch_len()
+        if len(self.carry):
+            parts.append(self.carry[:need])
+            need -= len(parts[0])
+            self.carry = self.carry[len(parts[0]) :]
         while need > 0:
             take = self._epoch_order()[self.position : self.position + need]
             parts.append(self.indices[take])
@@ -72,19 +88,31 @@ class ShardSampler:
 
     def advance(self) -> None:
         """Move past one batch without producing its indices (a loader that read ahead consumed it)."""
+        step = self._batch_len()
+        used = min(step, len(self.carry))
+        self.carry = self.carry[used:]
         size = len(self.indices)
-        step = min(self.batch_size, size - self.position) if self.epoch_end else self.batch_size
-        self.epoch, self.position = divmod(self.epoch * size + self.position + step, size)
+        self.epoch, self.position = divmod(self.epoch * size + self.position + step - used, size)
 
     def remaining_in_epoch(self) -> np.ndarray:
-        """The indices this epoch still has to yield, in order."""
+        """The indices this epoch still has to yield, in order (the carry, while there is one)."""
+        if len(self.carry):
+            return self.carry
         return self.indices[self._epoch_order()[self.position :]]
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "size": len(self.indices)}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "size": len(self.indices),
+        }
+        if len(self.carry):
+            state["carry"] = self.carry.tolist()
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume at a saved (epoch, position); the shard and seed must be the ones saved."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved (epoch, position, carry); the shard and seed must be the ones saved."""
         if state["size"] != len(self.indices):
             raise ValueError(
                 f"sampler state is for a shard of {state['size']} samples but this shard has "
@@ -99,6 +127,27 @@ class ShardSampler:
             raise ValueError(f"sampler state has an invalid epoch/position: {state}")
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        self.carry = np.asarray(state.get("carry", []), dtype=np.int64)
+        self.version += 1
+
+    def take_over(self, old: list[tuple[dict[str, Any], np.ndarray]], rank: int, world_size: int) -> None:
+        """Continue, as ``rank`` of ``world_size``, from the saved states of another world size.
+
+        ``old``: every saved rank's ``(state_dict(), shard indices)``, in rank order. The epoch they
+        were in is finished first: what the old ranks had left of it (:func:`owed`) is shuffled
+        with a seed all new ranks share and split among them by ``np.array_split``, so no sample
+        of it is lost or repeated; then each new rank starts the next epoch on its own shard (this
+        sampler's ``indices``), the new world size's normal sharding.
+        """
+        through = max(current_epoch(state) for state, _ in old)
+        union = np.concatenate([owed(state, shard, through, self.shuffle) for state, shard in old]).astype(
+            np.int64
+        )
+        if self.shuffle:
+            seeds = [int(state["seed"]) for state, _ in old]
+            union = union[np.random.default_rng([through, *seeds]).permutation(len(union))]
+        self.carry = np.array_split(union, world_size)[rank]
+        self.epoch, self.position = through + 1, 0
         self.version += 1
 
     def copy(self) -> ShardSampler:
@@ -106,5 +155,26 @@ class ShardSampler:
         twin = ShardSampler(
             self.indices, self.batch_size, seed=self.seed, shuffle=self.shuffle, epoch_end=self.epoch_end
         )
-        twin.epoch, twin.position = self.epoch, self.position
+        twin.epoch, twin.position, twin.carry = self.epoch, self.position, self.carry
         return twin
+
+
+def current_epoch(state: dict[str, Any]) -> int:
+    """The epoch a saved sampler is in: at an epoch's first position (or serving a carry, which
+    comes before that epoch) it is still in the one before."""
+    return int(state["epoch"]) - (1 if int(state["position"]) == 0 else 0)
+
+
+def owed(state: dict[str, Any], shard: np.ndarray, through: int, shuffle: bool = True) -> np.ndarray:
+    """The dataset indices a saved sampler still had to serve to finish epoch ``through``.
+
+    Its carry, the rest of its current epoch, and every whole epoch after it up to ``through`` (a
+    rank whose smaller shard put it one epoch behind its peers catches up): after these, each of
+    its epochs up to ``through`` has visited its shard exactly once.
+    """
+    seed, epoch, position = int(state["seed"]), int(state["epoch"]), int(state["position"])
+    parts = [np.asarray(state.get("carry", []), dtype=np.int64)]
+    for e in range(epoch, through + 1):
+        order = epoch_order(seed, e, len(shard), shuffle)
+        parts.append(shard[order[position if e == epoch else 0 :]])
+    return np.concatenate(parts)

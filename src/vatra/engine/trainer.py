@@ -226,11 +226,12 @@ class Trainer:
             self.plugins.on_fit_end(self, summary)
             return summary
         except BaseException as exc:
-            self.log_event(
-                "failure",
-                error=f"{type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(limit=8),
-            )
+            with contextlib.suppress(OSError):  # a full disk must not replace the error that stopped the run
+                self.log_event(
+                    "failure",
+                    error=f"{type(exc).__name__}: {exc}",
+                    traceback=traceback.format_exc(limit=8),
+                )
             self.plugins.on_failure(self, exc)
             raise
         finally:

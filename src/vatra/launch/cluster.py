@@ -2,13 +2,16 @@
 
 Layout for ``--hosts N`` (nothing is added to the machine's own namespace)::
 
-    <name>-sw   a "switch" namespace holding bridge br0 and the switch ends p0..pN-1
+    <name>-sw   a "switch" namespace holding bridge br0 (10.213.0.254/24: services every host
+                reaches, e.g. an S3 server for the checkpoint store) and the switch ends p0..pN-1
     <name>-hI   host I: lo and eth0 (10.213.0.(I+1)/24), whose peer pI sits on the bridge
 
 Each link is shaped with ``tc tbf`` on both ends (tbf shapes egress only), so each host sends and
 receives at ``--bandwidth``. netem is not in this kernel: bandwidth is shaped, latency is not added.
 ``run`` starts one command per host inside its namespace with ``GLOO_SOCKET_IFNAME=eth0``; for
 ``vatra train`` it adds the multi-node flags (c10d rendezvous on host 0, node rank, local address).
+Hosts share the machine's filesystem unless ``run(private=[folder])`` gives each host its own copy
+of a folder (a mount namespace per host): then they share no run folder, like separate machines.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +35,7 @@ from vatra.errors import ConfigError, VatraError
 
 STATE_DIR = Path(os.environ.get("VATRA_CLUSTER_STATE", "/run/vatra-cluster"))
 SUBNET = "10.213.0"  # private to the namespaces this module creates
+SWITCH_ADDRESS = f"{SUBNET}.254"  # on the switch's bridge: where shared services listen
 IFNAME = "eth0"
 RDZV_PORT = 29400
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
@@ -135,6 +140,7 @@ class Cluster:
         _sh("ip", "-n", sw, "link", "set", "lo", "up")
         _sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
         _sh("ip", "-n", sw, "link", "set", "br0", "up")
+        _sh("ip", "-n", sw, "addr", "add", f"{SWITCH_ADDRESS}/24", "dev", "br0")
         for h in self.hosts:
             port = f"p{h.index}"
             _sh("ip", "netns", "add", h.netns)
@@ -190,8 +196,11 @@ class Cluster:
             out[h.netns] = {"tx_bytes": int(stats[0]), "rx_bytes": int(stats[1])}
         return out
 
-    def host_command(self, host: Host, argv: list[str], run_id: str) -> list[str]:
-        """``argv`` for one host: ``vatra train`` gets the multi-node flags it does not already have."""
+    def host_command(
+        self, host: Host, argv: list[str], run_id: str, private: list[Path] | None = None
+    ) -> list[str]:
+        """``argv`` for one host: ``vatra train`` gets the multi-node flags it does not already have;
+        with ``private``, it runs where those folders are this host's own copies."""
         if argv[:1] == ["vatra"]:
             argv = [sys.executable, "-m", "vatra", *argv[1:]]
         is_train = argv[1:4] == ["-m", "vatra", "train"]
@@ -206,17 +215,58 @@ class Cluster:
                 "--nproc": str(self.spec.procs_per_host),
             }
             argv = argv + [a for k, v in flags.items() if k not in given for a in (k, v)]
-        return ["ip", "netns", "exec", host.netns, *argv]
+        return ["ip", "netns", "exec", host.netns, *self._privately(host, private or [], argv)]
 
-    def run(self, argv: list[str], timeout: float | None = None, log: Path | None = None) -> int:
+    @staticmethod
+    def private_folder(folder: Path, host: Host) -> Path:
+        """What host ``host`` sees at ``folder`` under ``run(private=[folder])``: ``<folder>.h<I>``."""
+        return folder.with_name(f"{folder.name}.h{host.index}")
+
+    def _privately(self, host: Host, private: list[Path], argv: list[str]) -> list[str]:
+        """``argv`` in a mount namespace of its own where each folder of ``private`` is this host's
+        copy (bind-mounted over it): no other host sees what it writes there."""
+        if not private:
+            return argv
+        if shutil.which("unshare") is None:
+            raise ClusterError("--private-dir needs the 'unshare' command (package util-linux)")
+        binds = " && ".join(
+            f"mount --bind {shlex.quote(str(self.private_folder(p, host)))} {shlex.quote(str(p))}"
+            for p in private
+        )
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'{binds} && exec "$@"',
+            "sh",
+            *argv,
+        ]
+
+    def run(
+        self,
+        argv: list[str],
+        timeout: float | None = None,
+        log: Path | None = None,
+        private: list[Path] | None = None,
+    ) -> int:
         """Run ``argv`` on every host at once, output prefixed ``[hI]`` (to ``log`` when given, else
         stdout); returns the worst exit code.
 
+        ``private``: folders each host gets its own copy of (host I's is ``<folder>.h<I>``, created
+        when missing and kept between runs), so that no run folder is shared, as between machines.
         When a host fails, the others get 10 s to notice (their rendezvous breaks) and are then
         killed, so one failure never leaves the cluster running.
         """
         if not argv:
             raise ConfigError("nothing to run: vatra cluster run -- vatra train CONFIG ...")
+        private = [p.resolve() for p in private or []]
+        for folder in private:
+            folder.mkdir(parents=True, exist_ok=True)  # the mount point; empty outside the hosts
+            for h in self.hosts:
+                self.private_folder(folder, h).mkdir(exist_ok=True)
         run_id = f"cluster-{uuid.uuid4().hex[:8]}"
         total = len(self.hosts) * self.spec.procs_per_host
         threads = str(max(1, (os.cpu_count() or 1) // total))
@@ -236,7 +286,7 @@ class Cluster:
                 "VATRA_CLUSTER_ADDRESSES": ",".join(x.address for x in self.hosts),
             }
             proc = subprocess.Popen(
-                self.host_command(h, argv, run_id),
+                self.host_command(h, argv, run_id, private),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

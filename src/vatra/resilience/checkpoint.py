@@ -3,6 +3,10 @@
 It implements the engine's ``Checkpointer`` protocol and registers itself as
 ``trainer.state.checkpointer`` so other plugins (healing) can ``save``/``restore`` without importing
 this package. Both calls are collective: every rank must make them at the same point.
+
+No folder is shared between ranks: each stages its own files under ``<run>/checkpoints/.work/rank<r>``
+and uploads them itself; rank 0 writes the manifest once every rank's files are in the store. On
+resume each rank fetches only what its own load reads, on any world size (:mod:`.snapshot`).
 """
 
 from __future__ import annotations
@@ -12,17 +16,20 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from vatra.engine import Plugin
 from vatra.errors import ConfigError, VatraError
 from vatra.resilience import recovery, snapshot
 from vatra.resilience.faults import corrupt_version, fired_steps
+from vatra.resilience.ranks import CheckpointWriteError, RankGroups, disk_full, first_failure, save_failure
 from vatra.resilience.store import LAST_GOOD, LATEST, CheckpointStore, Manifest, StoreError, open_store
 
 if TYPE_CHECKING:
@@ -53,14 +60,16 @@ class CheckpointPlugin(Plugin):
         self.corrupt_at = set(cfg.chaos.corrupt_checkpoint_at)
         self.run_dir = run_dir
         self.store: CheckpointStore = open_store(cfg.store, run_dir.checkpoints)
-        self.work_dir = run_dir.checkpoints / ".work"  # DCP writes and reads a local folder
+        # DCP writes and reads local files: each rank stages its own under .work/rank<r>, in the run
+        # folder of the host it runs on (one run folder per host needs no shared filesystem)
+        self.work_dir = run_dir.checkpoints / ".work"
+        self.stage = self.work_dir / "rank00000"
         self.parent: str | None = None
         self.attempt = 0
         self.saved_step = -1  # step of the newest save (avoids a second save at the same step)
         self.next_save = 0
         self.costs: list[float] = []  # seconds the training loop was blocked per save
-        self.group: dist.ProcessGroup | None = None  # DCP's collectives (also from the upload thread)
-        self.ctl_group: dist.ProcessGroup | None = None  # the SIGTERM agreement all-reduce
+        self.ranks = RankGroups()  # the plugin's own gloo groups and the agreements on them
         self.thread: threading.Thread | None = None
         self.thread_error: BaseException | None = None
         self.sigterm_at: float | None = None
@@ -78,12 +87,11 @@ class CheckpointPlugin(Plugin):
         trainer.state.checkpointer = self
         ctx = trainer.dist
         if ctx.distributed:
-            # Separate gloo groups: the upload thread's DCP collectives must not interleave with
-            # DDP's all-reduce on the default group, nor with the per-step SIGTERM agreement.
-            self.group = dist.new_group(backend="gloo")
-            self.ctl_group = dist.new_group(backend="gloo")
+            self.ranks.create()
+        self.stage = self.work_dir / f"rank{ctx.rank:05d}"
+        self._remove_leftovers(ctx.rank, ctx.world_size)
         events = recovery.read_events(self.run_dir) if ctx.is_main else []
-        self.attempt = int(self._bcast(recovery.previous_attempts(events)))
+        self.attempt = int(self.ranks.bcast(recovery.previous_attempts(events)))
         if ctx.is_main:
             trainer.log_event("attempt_start", attempt=self.attempt, world_size=ctx.world_size)
         self.progress = recovery.ProgressFile(self.run_dir.path, ctx.rank, self.attempt)
@@ -134,7 +142,24 @@ class CheckpointPlugin(Plugin):
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         # No waiting on an upload in flight: its collectives may need a rank that is gone. A version
         # becomes visible only once its manifest is written, so a half save is never resumed from.
+        if self.thread is None or not self.thread.is_alive():
+            shutil.rmtree(self.stage, ignore_errors=True)  # else the next start removes it
         self._close()
+
+    def _remove_leftovers(self, rank: int, world_size: int) -> None:
+        """A killed or failed save's staging files: this rank's own, and (rank 0) those of ranks
+        this run does not have and of older layouts; nothing another live rank may be using."""
+        shutil.rmtree(self.stage, ignore_errors=True)
+        if rank != 0 or not self.work_dir.is_dir():
+            return
+        ours = {f"rank{r:05d}" for r in range(world_size)}
+        for path in self.work_dir.iterdir():
+            if path.name in ours:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def _close(self) -> None:
         if self.old_handler is not None:
@@ -162,9 +187,7 @@ class CheckpointPlugin(Plugin):
         self.wait()  # one save in flight at a time; time spent here counts as blocked
         st, ctx = trainer.state, trainer.dist
         version = self._version_id(st.step)
-        folder = self.work_dir / version
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / snapshot.rank_file(ctx.rank)).write_bytes(snapshot.rank_state(trainer))
+        own = snapshot.rank_files(trainer)  # RNG and data position of this step: taken now
         state = snapshot.model_optim_state(trainer)
         if self.cfg.async_:
             # NOTE: the only part of an async save the loop waits for; buffers reused from the last one
@@ -182,7 +205,7 @@ class CheckpointPlugin(Plugin):
             "world_size": ctx.world_size,
         }
         parent, self.parent, self.saved_step = self.parent, version, st.step
-        job = (state, folder, version, parent, info, ctx.is_main)
+        job = (state, own, version, parent, info, ctx.is_main)
         if self.cfg.async_:
             self.thread = threading.Thread(
                 target=self._finish_guarded, args=job, name="vatra-ckpt", daemon=True
@@ -199,7 +222,7 @@ class CheckpointPlugin(Plugin):
         Everything is restored, the step counters included, so the loop continues from the
         restored step. Returns the manifest; raises :class:`StoreError` when nothing is intact.
         """
-        self.wait()
+        self.wait()  # the upload thread's collectives are done before the load's begin
         manifest = self._load(trainer, version)
         if manifest is None:
             raise StoreError(
@@ -208,7 +231,11 @@ class CheckpointPlugin(Plugin):
         return manifest
 
     def wait(self) -> None:
-        """Block until the background save (if any) is done; re-raise its error on this thread."""
+        """Block until the background save (if any) is done; re-raise its error on this thread.
+
+        Every rank's save ends with the same outcome (rank 0 broadcasts it), so an error is raised
+        on every rank alike: no rank goes on to a collective its peers have left.
+        """
         if self.thread is not None:
             self.thread.join()
             self.thread = None
@@ -226,21 +253,55 @@ class CheckpointPlugin(Plugin):
     def _finish(
         self,
         state: snapshot.StateDict,
-        folder: Path,
+        own: dict[str, bytes],
         version: str,
         parent: str | None,
         info: dict[str, Any],
         main: bool,
     ) -> None:
-        """DCP write (collective), then rank 0 stores the files as a version and prunes old ones."""
-        snapshot.dcp_save(state, folder, self.group)
-        if not main:
-            return
-        files: dict[str, bytes | Path] = {
-            p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()
-        }
+        """Every rank writes its DCP shard to its own staging folder and uploads it with its own
+        files; rank 0 gathers the entries and writes the manifest; every rank learns the outcome."""
+        folder = self.stage / version
+        entries: dict[str, dict[str, Any]] = {}
+        failure: BaseException | None = None
+        full = False
+        try:
+            snapshot.dcp_save(state, folder, self.ranks.data)  # collective: fails on every rank alike
+            for path in sorted(folder.rglob("*")):
+                if path.is_file():
+                    digest, size = self.store.put_file(path)
+                    entries[path.relative_to(folder).as_posix()] = {"sha256": digest, "size": size}
+            for name, data in own.items():
+                entries[name] = {"sha256": self.store.put_object(data), "size": len(data)}
+        except (Exception, CheckpointException) as err:  # agreed on below, then raised on every rank
+            failure, full = err, disk_full(folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # uploaded, or a failed write's leftovers
+        mine = save_failure(failure, folder, full) if failure is not None else entries
+        gathered = self.ranks.gather(mine)
+        outcome: str | None = None
+        if main:
+            outcome = next((g for g in gathered if isinstance(g, str)), None)
+            if outcome is None:
+                stored = {name: entry for g in gathered for name, entry in g.items()}
+                try:
+                    self._publish(stored, version, parent, info)
+                except Exception as err:
+                    outcome = save_failure(err, folder, False)
+        outcome = self.ranks.bcast(outcome, self.ranks.data)
+        if outcome is not None:
+            where = parent or "the start"
+            raise CheckpointWriteError(
+                f"saving checkpoint {version} (step {info['step']}) failed: {outcome}; the versions "
+                f"already stored are intact: run the same command again to resume from {where}"
+            ) from failure
+
+    def _publish(self, stored: dict[str, dict[str, Any]], version: str, parent: str | None,
+                 info: dict[str, Any]) -> None:  # fmt: skip
+        """Rank 0, once every rank's files are in the store: the manifest, then pruning."""
         manifest = self.store.write_version(
-            files,
+            {},
+            stored=stored,
             step=info["step"],
             parent=parent,
             world_size=info["world_size"],
@@ -249,7 +310,6 @@ class CheckpointPlugin(Plugin):
             version=version,
             extra={"reason": info["reason"], "attempt": self.attempt},
         )
-        shutil.rmtree(folder, ignore_errors=True)
         size = sum(e["size"] for e in manifest["files"].values())
         self.run_dir.log_event(
             "checkpoint_saved", rank=0, step=info["step"], version=version, bytes=size,
@@ -265,7 +325,12 @@ class CheckpointPlugin(Plugin):
                 file=corrupt_version(self.store, manifest),
             )
         if self.cfg.keep_last:
-            self.store.gc(self.cfg.keep_last)
+            try:
+                self.store.gc(self.cfg.keep_last)
+            except StoreError as err:  # nothing was deleted that is still needed; the run goes on
+                self.run_dir.log_event(
+                    "gc_aborted", rank=0, step=info["step"], version=version, reason=str(err)
+                )
 
     def _version_id(self, step: int) -> str:
         """Deterministic on every rank (no collective needed): step, attempt, and a counter if repeated."""
@@ -278,45 +343,115 @@ class CheckpointPlugin(Plugin):
 
     # ----------------------------------------------------------- load helpers
     def _load(self, trainer: Trainer, start: str) -> Manifest | None:
-        """Rank 0 fetches and verifies; every rank reads the verified local copy."""
-        ctx = trainer.dist
+        """The newest intact version from ``start`` on, into the trainer; None when none is intact.
+
+        Rank 0 proposes versions in order (``start``, its parents, then the others newest first);
+        each rank fetches and verifies what its own load needs; all agree before anything is
+        loaded, so a version damaged for one rank is skipped by all.
+        """
+        proposals = self._candidates(trainer, start) if trainer.dist.is_main else None
         manifest: Manifest | None = None
-        if ctx.is_main:
-            shutil.rmtree(self.work_dir / "restore", ignore_errors=True)
+        problem: str | None = None
 
-            def bad(version: str, problem: str) -> None:
-                trainer.log_event(
-                    "checkpoint_corrupt", version=version, problem=problem, action="fall back to parent"
-                )
+        def propose() -> Manifest | None:  # rank 0, inside an agreement: its errors reach every rank
+            assert proposals is not None
+            if manifest is not None and problem is not None:
+                trainer.log_event("checkpoint_corrupt", version=manifest["version"], problem=problem,
+                                  action="fall back to parent")  # fmt: skip
+            return next(proposals, None)
 
-            manifest = self.store.load_verified(self.work_dir / "restore", start, on_bad=bad)
-        manifest = self._bcast(manifest)
-        if manifest is None:
-            return None
-        if manifest["world_size"] != ctx.world_size:
-            raise ConfigError(
-                f"checkpoint {manifest['version']} was written by {manifest['world_size']} rank(s) but "
-                f"this run has {ctx.world_size}: each rank's sampler position and RNG state belong to its "
-                f"own data shard, so resume with --nproc {manifest['world_size']} "
-                "(or set checkpoint.resume=false)"
-            )
-        folder = self.work_dir / "restore" / manifest["version"]
-        snapshot.dcp_load(trainer, folder, self.group)
-        snapshot.load_rank_state(trainer, (folder / snapshot.rank_file(ctx.rank)).read_bytes())
-        self._barrier()
-        if ctx.is_main:
-            shutil.rmtree(folder, ignore_errors=True)
+        dest = self.stage / "restore"
+        while True:
+            manifest = self.ranks.on_main(propose)
+            if manifest is None:
+                return None
+            shutil.rmtree(dest, ignore_errors=True)
+            found = self.ranks.agree(self._fetch(trainer, manifest, dest))
+            if found is None:
+                break
+            damaged, problem = found
+            if not damaged:
+                raise ConfigError(f"checkpoint {manifest['version']} does not fit this run: {problem}")
+        try:
+            self._apply(trainer, manifest, dest)
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
         self.parent = manifest["version"]
         return manifest
 
+    def _candidates(self, trainer: Trainer, start: str) -> Iterator[Manifest]:
+        """Rank 0: readable manifests from ``start`` down its parents, then the rest newest first;
+        an unreadable one is logged as ``checkpoint_corrupt`` and passed over."""
+        by_id = {m["version"]: m for m in self.store.versions()}
+        try:
+            ref: str | None = self.store.resolve(start)
+        except StoreError as err:  # with versions present: a damaged or deleted tag
+            if by_id:
+                trainer.log_event(
+                    "checkpoint_corrupt", version=start, problem=str(err), action="try older versions"
+                )
+            ref = None
+        chain: list[str] = []
+        while ref is not None and ref not in chain:
+            chain.append(ref)
+            ref = by_id.get(ref, {}).get("parent")
+        chain += [v for v in reversed(list(by_id)) if v not in chain]
+        for version in chain:
+            if version in by_id:
+                yield by_id[version]
+                continue
+            try:
+                yield self.store.manifest(version)
+            except StoreError as err:
+                trainer.log_event("checkpoint_corrupt", version=version, problem=str(err),
+                                  action="fall back to parent")  # fmt: skip
+
+    def _fetch(self, trainer: Trainer, manifest: Manifest, dest: Path) -> tuple[bool, str] | None:
+        """This rank's files of ``manifest`` under ``dest``, checksums verified; else (damaged, why):
+        a missing or corrupt file (fall back to an older version) or a version this model cannot
+        load (stop).
+
+        The DCP metadata first, then the data files this rank's load plan reads, then its own
+        rank file — or, after a world-size change, every old rank's rank and shard files.
+        """
+        try:
+            self.store.fetch(manifest, [snapshot.DCP_METADATA], dest)
+            names = snapshot.dcp_files(trainer, dest) + snapshot.rank_names(manifest, trainer.dist)
+            self.store.fetch(manifest, names, dest)
+        except StoreError as err:
+            return True, str(err)
+        except Exception as err:  # DCP's planner: keys or shapes this model does not have
+            return False, f"{type(err).__name__}: {err}"
+        return None
+
+    def _apply(self, trainer: Trainer, manifest: Manifest, folder: Path) -> None:
+        """Collective: load the fetched version; a load that does not fit stops every rank alike."""
+        ctx, version = trainer.dist, manifest["version"]
+        saved = int(manifest["world_size"])
+        try:
+            snapshot.dcp_load(trainer, folder, self.ranks.data)
+        except CheckpointException as err:  # raised on every rank: DCP gathers the failures
+            raise ConfigError(f"checkpoint {version} does not fit this model: {first_failure(err)}") from None
+        problem: str | None = None
+        dropped: list[str] = []
+        try:
+            dropped = snapshot.load_rank_files(trainer, manifest, folder)
+        except ConfigError as err:
+            problem = str(err)
+        problem = self.ranks.agree(problem)
+        if problem is not None:
+            raise ConfigError(problem)
+        if saved != ctx.world_size:
+            self.ranks.on_main(lambda: trainer.log_event(
+                "resharded", version=version, from_world_size=saved, to_world_size=ctx.world_size,
+                dropped=dropped,
+            ))  # fmt: skip
+
     def _resume(self, trainer: Trainer, events: list[dict[str, Any]]) -> None:
         """Continue from the newest intact version, if any, and prepare the recovery record."""
-        has_versions = bool(
-            self._bcast(bool(self.store.tags().get(LATEST)) if trainer.dist.is_main else None)
-        )
-        if not has_versions:
+        if not self.ranks.on_main(lambda: bool(self.store.backend.keys("versions/"))):
             return
-        failed_step = recovery.last_progress(self.run_dir.path, trainer.dist.world_size)
+        failed_step = recovery.last_progress(self.run_dir.path)
         manifest = self._load(trainer, LATEST)
         if manifest is None or not trainer.dist.is_main:
             return
@@ -361,7 +496,7 @@ class CheckpointPlugin(Plugin):
         step_s = trainer.state.train_time_s / max(1, step)
         interval = max(1, round(math.sqrt(2.0 * self._mtbf() * cost) / max(step_s, 1e-9)))
         # Ranks measure slightly different costs: rank 0 decides so that every rank saves together.
-        return step + int(self._bcast(interval))
+        return step + int(self.ranks.bcast(interval))
 
     def _mtbf(self) -> float:
         """Observed mean time between failures in this run folder, else ``checkpoint.mtbf_s``."""
@@ -382,7 +517,7 @@ class CheckpointPlugin(Plugin):
         so the loop never waits for it; all ranks read the same reduction at the same boundary.
         """
         local = self.sigterm_at is not None
-        if self.ctl_group is None:
+        if self.ranks.ctl is None:
             return local
         stop = False
         if self.stop_work is not None:
@@ -390,7 +525,7 @@ class CheckpointPlugin(Plugin):
             stop = bool(self.stop_flag is not None and self.stop_flag.item())
         self.stop_flag = torch.tensor([int(local)], dtype=torch.int32)
         self.stop_work = dist.all_reduce(
-            self.stop_flag, op=dist.ReduceOp.MAX, group=self.ctl_group, async_op=True
+            self.stop_flag, op=dist.ReduceOp.MAX, group=self.ranks.ctl, async_op=True
         )
         return stop
 
@@ -398,15 +533,3 @@ class CheckpointPlugin(Plugin):
         if self.stop_work is not None:
             self.stop_work.wait()
             self.stop_work = None
-
-    # ------------------------------------------------------ small collectives
-    def _bcast(self, obj: Any) -> Any:
-        if self.ctl_group is None:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.ctl_group)
-        return box[0]
-
-    def _barrier(self) -> None:
-        if self.group is not None:
-            dist.barrier(group=self.group)

@@ -135,9 +135,17 @@ class FsspecBackend(StoreBackend):
         except self._fails as err:
             raise self._error("write", key, err) from None
 
+    def _fresh(self, path: str) -> str:
+        """``path``, with a remote filesystem's cached listing of it dropped: s3fs answers
+        ``exists`` and ``cat_file`` from a listing an earlier ``find`` cached, which cannot know
+        what other ranks or hosts uploaded since."""
+        if not self.local:
+            self.fs.invalidate_cache(path)
+        return path
+
     def get(self, key: str) -> bytes:
         try:
-            return bytes(self.fs.cat_file(self._path(key)))
+            return bytes(self.fs.cat_file(self._fresh(self._path(key))))
         except FileNotFoundError:
             raise MissingKey(f"{self.url}/{key}: missing") from None
         except self._fails as err:
@@ -145,7 +153,7 @@ class FsspecBackend(StoreBackend):
 
     def exists(self, key: str) -> bool:
         try:
-            return bool(self.fs.exists(self._path(key)))
+            return bool(self.fs.exists(self._fresh(self._path(key))))
         except self._fails as err:
             raise self._error("stat", key, err) from None
 

@@ -134,9 +134,21 @@ def failures_since_last_attempt(events: list[dict[str, Any]]) -> list[dict[str, 
     return [e for e in events[last + 1 :] if e.get("event") == "worker_failed"]
 
 
-def last_progress(run_dir: Path, world_size: int) -> int | None:
-    """Highest step any rank of the previous attempt completed (None when no rank recorded one)."""
-    steps = [p["step"] for r in range(world_size) if (p := read_progress(run_dir, r)) is not None]
+def last_progress(run_dir: Path) -> int | None:
+    """Highest step any rank of the previous attempt completed (None when no rank recorded one).
+
+    Every progress file in the folder counts, whatever the world size now (it may have changed),
+    but only those of the newest attempt among them: a rank the last attempt did not have left an
+    older file. Without a shared filesystem these are the ranks of this host only.
+    """
+    found = []
+    for path in (run_dir / ".ranks").glob("rank*.json"):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    newest = max((int(p.get("attempt", 0)) for p in found), default=0)
+    steps = [int(p["step"]) for p in found if int(p.get("attempt", 0)) == newest]
     return max(steps) if steps else None
 
 

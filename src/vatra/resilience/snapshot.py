@@ -7,6 +7,11 @@ One version is a folder of files:
 * ``rank<r>.pt`` — what differs per rank: RNG states (python, numpy, torch CPU, CUDA), the data
   position (sampler, or stream readers); plus LR scheduler, grad scaler and ``TrainState`` counters
   (identical on every rank, kept per rank so each rank reads only its own small file).
+* ``shard<r>.npy`` — map-style data: the dataset indices of rank r's shard. Unchanged from save to
+  save, so stored once (content addresses); read only when the world size changes, to hand the
+  interrupted epoch's remaining samples to the new ranks (:meth:`ShardSampler.take_over`).
+
+Each rank writes and uploads its own files; on resume each reads only what its load needs.
 """
 
 from __future__ import annotations
@@ -23,18 +28,37 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from vatra.engine.trainer import seed_everything
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
-    from vatra.engine import Trainer
+    from vatra.engine import DistContext, Trainer
 
 StateDict = dict[str, Any]
+DCP_METADATA = ".metadata"  # DCP's index of every item: which file, offset and length holds it
 
 
 def rank_file(rank: int) -> str:
     return f"rank{rank:05d}.pt"
+
+
+def shard_file(rank: int) -> str:
+    return f"shard{rank:05d}.npy"
+
+
+def rank_files(trainer: Trainer) -> dict[str, bytes]:
+    """This rank's own small files of a version: its state and (map-style data) its shard's indices."""
+    rank = trainer.dist.rank
+    files = {rank_file(rank): rank_state(trainer)}
+    shard = trainer.batches.shard()
+    if shard is not None:
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(shard, dtype=np.int64), allow_pickle=False)
+        files[shard_file(rank)] = buf.getvalue()
+    return files
 
 
 def rng_state() -> StateDict:
@@ -79,20 +103,91 @@ def rank_state(trainer: Trainer) -> bytes:
     return buf.getvalue()
 
 
+def _read(data: bytes) -> StateDict:
+    return dict(torch.load(io.BytesIO(data), weights_only=True))
+
+
 def load_rank_state(trainer: Trainer, data: bytes) -> None:
-    blob = torch.load(io.BytesIO(data), weights_only=True)
+    """Same world size: this rank's own state, exactly as saved."""
+    blob = _read(data)
     set_rng_state(blob["rng"])
     try:
         trainer.batches.load_state_dict(blob["data"])
     except ValueError as err:
         raise ConfigError(f"checkpoint does not fit this run: {err}") from None
-    trainer.scheduler.load_state_dict(blob["scheduler"])
-    if blob["scaler"]:
-        trainer.scaler.load_state_dict(blob["scaler"])
     saved = blob.get("plugins", {})  # absent in checkpoints written before plugins could add state
     for name, obj in trainer.state.rank_states.items():
         if name in saved:
             obj.load_state_dict(saved[name])
+    _load_shared(trainer, blob)
+
+
+def rank_names(manifest: dict[str, Any], ctx: DistContext) -> list[str]:
+    """The rank files this rank reads of a version: its own, or after a world-size change every
+    saved rank's state and shard."""
+    saved = int(manifest["world_size"])
+    if saved == ctx.world_size:
+        return [rank_file(ctx.rank)]
+    names = [rank_file(r) for r in range(saved)]
+    return names + [n for r in range(saved) if (n := shard_file(r)) in manifest["files"]]
+
+
+def load_rank_files(trainer: Trainer, manifest: dict[str, Any], folder: Path) -> list[str]:
+    """Put the fetched rank files of ``manifest`` (in ``folder``) into the trainer; returns the
+    plugins whose per-rank state was dropped. A world-size change that cannot be resumed (a stream,
+    a checkpoint without shard files) is a :class:`ConfigError` naming the world size to use."""
+    saved, ctx, version = int(manifest["world_size"]), trainer.dist, manifest["version"]
+    if saved == ctx.world_size:
+        load_rank_state(trainer, (folder / rank_file(ctx.rank)).read_bytes())
+        return []
+    blobs = [(folder / rank_file(r)).read_bytes() for r in range(saved)]
+    refuse = f"checkpoint {version} was written by {saved} rank(s) but this run has {ctx.world_size}"
+    fix = f"resume with {saved} ranks in all (e.g. --nproc {saved}) or set checkpoint.resume=false"
+    kind = str(_read(blobs[0])["data"].get("kind"))
+    if kind != "map":
+        raise ConfigError(
+            f"{refuse}: a {kind!r} dataset's reader positions belong to the ranks that read them, "
+            f"so it resumes only with the same world size; {fix}"
+        )
+    shards = [folder / shard_file(r) for r in range(saved)]
+    if not all(p.exists() for p in shards):
+        raise ConfigError(f"{refuse}, and it does not record their data shards (an older vatra); {fix}")
+    try:
+        return take_over_rank_state(trainer, blobs, [p.read_bytes() for p in shards])
+    except ValueError as err:
+        raise ConfigError(f"{refuse}: {err}; {fix}") from None
+
+
+def take_over_rank_state(trainer: Trainer, blobs: list[bytes], shards: list[bytes]) -> list[str]:
+    """Another world size: this rank's state derived from every saved rank's; returns the plugins
+    whose per-rank state was dropped.
+
+    * data: the interrupted epoch's remaining samples are split among the new ranks
+      (:meth:`ShardSampler.take_over`); a stream or iterable cannot be split (``ConfigError``);
+    * RNG: per-rank streams cannot map from one world size to another, so every rank reseeds from
+      ``(run.seed, step, rank)`` — deterministic, so two resumes at the same step agree;
+    * scheduler, grad scaler and counters: the same on every saved rank, taken from rank 0's;
+    * plugins' per-rank state (error-feedback residuals, PowerSGD's factors) belongs to the old
+      ranks' gradients: dropped, so the plugins start it afresh, as at step 0.
+    """
+    saved = [_read(b) for b in blobs]
+    old = [
+        (s["data"], np.load(io.BytesIO(b), allow_pickle=False)) for s, b in zip(saved, shards, strict=True)
+    ]
+    ctx = trainer.dist
+    trainer.batches.take_over(old, ctx.rank, ctx.world_size)
+    _load_shared(trainer, saved[0])
+    seed = np.random.default_rng([trainer.cfg.run.seed, trainer.state.step, ctx.rank]).integers(2**62)
+    seed_everything(int(seed))
+    kept = set(trainer.state.rank_states)
+    return sorted({name for s in saved for name in s.get("plugins", {}) if s["plugins"][name]} & kept)
+
+
+def _load_shared(trainer: Trainer, blob: StateDict) -> None:
+    """What every rank saved alike: the LR schedule, the grad scaler, the step counters."""
+    trainer.scheduler.load_state_dict(blob["scheduler"])
+    if blob["scaler"]:
+        trainer.scaler.load_state_dict(blob["scaler"])
     ts = blob["train_state"]
     trainer.state.step = int(ts["step"])
     trainer.state.samples_seen = int(ts["samples_seen"])
@@ -140,8 +235,20 @@ def dcp_save(state: StateDict, folder: Path, group: dist.ProcessGroup | None) ->
         dcp.save(state, storage_writer=writer, process_group=group, no_dist=group is None)
 
 
+def dcp_files(trainer: Trainer, folder: Path) -> list[str]:
+    """The DCP data files this rank's load reads, from ``folder``'s ``.metadata`` and the plan DCP
+    itself would make (no collective): with replicated (DDP) state every rank reads every item,
+    with sharded state only the files holding chunks that overlap its own."""
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(model_optim_state(trainer), metadata, False)
+    plan = planner.create_local_plan()
+    return sorted({metadata.storage_data[item.storage_index].relative_path for item in plan.items})
+
+
 def dcp_load(trainer: Trainer, folder: Path, group: dist.ProcessGroup | None) -> None:
-    """Collective: read model and optimizer state from ``folder`` into the live trainer."""
+    """Collective: read model and optimizer state from ``folder`` into the live trainer (any world
+    size: DCP reshards; a failure on any rank raises on every rank)."""
     state = model_optim_state(trainer)
     reader = dcp.FileSystemReader(str(folder))
     with _single_process_ok():
