@@ -64,7 +64,9 @@ def test_a_full_disk_leaves_whole_lines_and_one_error_line(tmp_path: Path) -> No
         run_dir = RunDir(disk / "run").create()
         run_dir.log_event("first", note="x" * 100)
         _fill(disk)
-        with pytest.raises(DiskFull, match=r"no space left on the device holding .*events\.jsonl; free space"):
+        with pytest.raises(
+            DiskFull, match=r"no space left on the device holding .*events\.jsonl; free space"
+        ):
             run_dir.log_event("second", note="y" * 5000)
         writer = JsonlWriter(run_dir)
         trainer = SimpleNamespace(dist=SimpleNamespace(is_main=True))

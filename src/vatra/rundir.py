@@ -21,6 +21,7 @@ from typing import Any
 
 from vatra.errors import RunLocked, VatraError, write_failed
 
+ERRORS_ENV = "VATRA_ERRORS_DIR"  # set by the launcher for its workers: where they leave error lines
 LOCK = ".lock"  # exclusive: the job's first launcher or a maintenance command; holds the record
 LOCK_NODES = ".lock-nodes"  # shared by every launcher of the job while it runs
 LOCK_WAIT_S = 1.0  # how long an acquirer retries through another's half-finished acquire
@@ -149,26 +150,37 @@ class RunDir:
 
     @property
     def errors(self) -> Path:
-        return self.path / "errors"
+        """Where workers leave their one-line errors for the launcher: the folder the launcher
+        names in ``VATRA_ERRORS_DIR`` (its own, off the run folder, so a full run disk cannot
+        swallow the reason), else ``<run>/errors``."""
+        env = os.environ.get(ERRORS_ENV)
+        return Path(env) if env else self.path / "errors"
 
-    def write_error(self, rank: int, message: str, exit_code: int) -> None:
-        """A worker's one-line error, for the launcher to report once for the whole group."""
+    def write_error(self, rank: int, message: str, exit_code: int, *, peer_lost: bool = False) -> None:
+        """A worker's one-line error, for the launcher to report once for the whole group.
+
+        ``peer_lost``: this rank failed only because another rank went away (a collective's
+        connection closed); the launcher names the rank that went away instead.
+        """
         self.errors.mkdir(parents=True, exist_ok=True)
-        (self.errors / f"rank{rank:05d}.json").write_text(
-            json.dumps({"message": message, "exit_code": exit_code})
-        )
+        record = {"message": message, "exit_code": exit_code, "peer_lost": peer_lost}
+        (self.errors / f"rank{rank:05d}.json").write_text(json.dumps(record))
 
     def take_errors(self) -> list[dict[str, Any]]:
-        """The workers' errors in rank order, removed from the folder (a later attempt starts clean)."""
+        """The workers' own errors in rank order, removed from the folder (a later attempt starts
+        clean); errors of ranks that only lost a peer are dropped."""
         if not self.errors.is_dir():
             return []
         found = []
         for path in sorted(self.errors.glob("rank*.json")):
             try:
-                found.append(json.loads(path.read_text()))
+                record = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            path.unlink(missing_ok=True)
+            finally:
+                path.unlink(missing_ok=True)
+            if not record.get("peer_lost"):
+                found.append(record)
         return found
 
     @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +36,29 @@ def main(argv: list[str] | None = None) -> int:
         if not said and (err.exit_code != 2 or rank == 0):  # a config error: the same on every rank
             print(f"error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
+    except Exception as err:
+        if args.run_dir is None or not peer_lost(err):
+            raise
+        # Another rank went away mid-collective (killed, or stopped by its own error): the launcher
+        # names that rank; this rank's traceback would only bury the one line that says why.
+        rank = int(os.environ.get("RANK", "0"))
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        RunDir(Path(args.run_dir)).write_error(rank, f"lost a peer: {first}", 1, peer_lost=True)
+        return 1
     return 0
+
+
+_PEER_LOST = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|Connection refused|connection was closed", re.I
+)
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` is a collective failing because a peer process went away (gloo's and the
+    TCP store's socket errors), rather than a fault of this rank's own."""
+    import torch.distributed as dist
+
+    return isinstance(err, RuntimeError | dist.DistError) and bool(_PEER_LOST.search(str(err)))
 
 
 if __name__ == "__main__":

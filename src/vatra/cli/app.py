@@ -42,7 +42,9 @@ def fail(message: str, code: int = 2) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the app, turning user errors into one line and an exit code."""
     try:
-        app(args=argv, prog_name="vatra", standalone_mode=False)
+        code = app(args=argv, prog_name="vatra", standalone_mode=False)
+        if isinstance(code, int) and code:  # a typer.Exit(n) is returned, not raised, here
+            raise SystemExit(code)
     except typer.Exit as e:
         raise SystemExit(e.exit_code) from None
     except typer.Abort:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
 from vatra.resilience.recovery import record_worker_failures
-from vatra.rundir import RunDir
+from vatra.rundir import ERRORS_ENV, RunDir
 
 
 class WorkerFailure(VatraError):
@@ -122,6 +124,22 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
     rank_offset = (spec.node_rank or 0) * spec.nproc
     if run_dir is not None:
         run_dir.take_errors()  # left by an earlier attempt: not this one's
+    # The workers' error lines go to a folder of this launcher's, off the run folder: a run folder
+    # on a full disk cannot take them, and then the one line that says why would be lost.
+    errors = tempfile.mkdtemp(prefix="vatra-errors-")
+    before = os.environ.get(ERRORS_ENV)
+    os.environ[ERRORS_ENV] = errors
+    try:
+        _launch(config, python_args, run_dir, rank_offset)
+    finally:
+        if before is None:
+            os.environ.pop(ERRORS_ENV, None)
+        else:
+            os.environ[ERRORS_ENV] = before
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+def _launch(config: LaunchConfig, python_args: list[str], run_dir: RunDir | None, rank_offset: int) -> None:
     try:
         with record_worker_failures(run_dir, rank_offset):
             elastic_launch(config, sys.executable)(*python_args)
