@@ -4,14 +4,12 @@ same command resumes once space is freed. The run folder lives on a small tmpfs 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_vatra
+from tests.conftest import run_vatra, small_disk
 
 from vatra.config import load_config
 from vatra.resilience import LATEST, open_store
@@ -29,26 +27,18 @@ ARGS = [
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a tmpfs")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL}", "none", str(disk)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+def disk(tmp_path: Path) -> Iterator[Path]:
+    with small_disk(tmp_path / "disk", SMALL) as path:
+        yield path
 
 
 def _events(run: Path, kind: str) -> list[dict]:
     return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
 
 
-def test_a_full_disk_mid_save_keeps_the_last_version_stops_in_one_line_and_resumes(small_disk: Path) -> None:
+def test_a_full_disk_mid_save_keeps_the_last_version_stops_in_one_line_and_resumes(disk: Path) -> None:
     # Prepare
-    run = small_disk / "run"
+    run = disk / "run"
     # Execute: the save at step 20 cannot fit
     failed = run_vatra(*ARGS, "--run-dir", str(run))
     # Assert: exit 1 (not a usage error), one line naming the cause, the path and the way out
@@ -63,7 +53,7 @@ def test_a_full_disk_mid_save_keeps_the_last_version_stops_in_one_line_and_resum
     assert not [p for p in (run / "checkpoints" / ".work").rglob("*") if p.is_file()]
     assert not [k for k in store.backend.keys("objects/") if ".tmp" in k]
     # Execute: space is freed, the same command runs again
-    subprocess.run(["mount", "-o", f"remount,size={LARGE}", str(small_disk)], check=True)
+    subprocess.run(["mount", "-o", f"remount,size={LARGE}", str(disk)], check=True)
     resumed = run_vatra(*ARGS, "--run-dir", str(run))
     # Assert: it resumed from the last good version and finished
     assert resumed.returncode == 0, resumed.stderr[-3000:]

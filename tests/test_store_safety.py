@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import small_config
+from tests.conftest import small_config, small_disk
 
 from vatra.config import config_from_dict, dump_toml
 from vatra.errors import ConfigError
@@ -275,16 +275,10 @@ def test_local_writes_fsync_the_file_and_its_folder(tmp_path: Path, monkeypatch:
 
 
 @pytest.fixture
-def tiny_fs(tmp_path: Path):
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs: a real full disk for the backend alone (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with small_disk(tmp_path / "tiny", "1m") as path:
+        yield path
 
 
 def _files(root: Path) -> list[str]:

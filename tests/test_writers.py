@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tests.conftest import small_config
+from tests.conftest import small_config, small_disk
 
 from vatra.engine import Trainer
 from vatra.errors import DiskFull
@@ -36,20 +32,6 @@ def test_tensorboard_every_n_steps_keeps_sparse_metrics(tmp_path: Path) -> None:
     assert json.loads(run_dir.summary.read_text())["steps"] == 25
 
 
-@contextmanager
-def _small_disk(path: Path, size: str = "64k") -> Iterator[Path]:
-    """A tmpfs of ``size`` at ``path`` (root only): a disk that fills up."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
-    path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def _fill(disk: Path) -> None:
     """Take every free byte of ``disk`` (the file is removed to free the space again)."""
     with (disk / "ballast").open("wb", buffering=0) as f, suppress(OSError):
@@ -60,7 +42,7 @@ def _fill(disk: Path) -> None:
 def test_a_full_disk_leaves_whole_lines_and_one_error_line(tmp_path: Path) -> None:
     """events.jsonl and metrics.jsonl on a disk that fills: the failed write is undone, the error
     names the folder and the fix, and once space is freed the same files go on."""
-    with _small_disk(tmp_path / "disk") as disk:
+    with small_disk(tmp_path / "disk", "64k") as disk:
         run_dir = RunDir(disk / "run").create()
         run_dir.log_event("first", note="x" * 100)
         _fill(disk)
