@@ -5,6 +5,7 @@ and optimizer; no sample of the interrupted epoch is lost or repeated)."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,30 +188,43 @@ def _run(world: int, run: Path, stop_at: int = 0) -> list[list[dict[str, Any]]]:
     return [read_jsonl(run / f"ids-w{world}-r{r}.jsonl") for r in range(world)]
 
 
-def test_resume_from_4_ranks_on_3_sees_every_sample_of_the_epoch_once(tmp_path: Path) -> None:
+def test_resume_from_4_ranks_on_3_and_on_2_sees_every_sample_of_the_epoch_once(tmp_path: Path) -> None:
     # Prepare: 4 ranks stop after step 4 (16 of each rank's 24 samples): the final save is at step 4
     run = tmp_path / "run"
     RunDir(run).create()
     before = _run(4, run, stop_at=4)
     consumed = Counter(i for rank in before for line in rank if "ids" in line for i in line["ids"])
     assert sum(consumed.values()) == 64 and max(consumed.values()) == 1
-    # Execute: the same run on 3 ranks resumes from the 4-rank checkpoint (4 → 2: the sampler tests)
-    after = _run(3, run)
-    # Assert: model, optimizer step, LR schedule and counters carried over; all ranks alike
+    for world in (3, 2):
+        # Execute: a copy of the run goes on with `world` ranks from the 4-rank checkpoint
+        copy = tmp_path / f"on{world}"
+        shutil.copytree(run, copy)
+        after = _run(world, copy)
+        _assert_resharded(before, consumed, after, copy, world)
+
+
+def _assert_resharded(
+    before: list[list[dict[str, Any]]],
+    consumed: Counter[int],
+    after: list[list[dict[str, Any]]],
+    run: Path,
+    world: int,
+) -> None:
+    # model, optimizer step, LR schedule and counters carried over; all ranks alike
     for rank in after:
         start = rank[0]
         assert (start["start"], start["lr_epoch"], start["samples_seen"]) == (4, 4, 4 * 4 * BATCH)
         assert start["weights"] == before[0][-1]["weights"]
         assert rank[-1]["end"] == 20
     (event,) = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resharded"]
-    assert (event["from_world_size"], event["to_world_size"], event["dropped"]) == (4, 3, ["comm"])
+    assert (event["from_world_size"], event["to_world_size"], event["dropped"]) == (4, world, ["comm"])
     ids = [[i for line in rank if "ids" in line for i in line["ids"]] for rank in after]
-    # the interrupted epoch: the 4 ranks' 64 samples + the new ranks' carries (11, 11, 10) = each once
-    carry = [len(p) for p in np.array_split(np.arange(N - 64), 3)]
+    # the interrupted epoch: the 4 ranks' 64 samples + the new ranks' carries = each sample once
+    carry = [len(p) for p in np.array_split(np.arange(N - 64), world)]
     epoch0 = consumed + Counter(i for r, got in enumerate(ids) for i in got[: carry[r]])
     assert epoch0 == Counter(range(N))
     # then the new world size's own shards, one whole epoch each
-    shards = partition(N, None, 3, "random", seed=SEED)
+    shards = partition(N, None, world, "random", seed=SEED)
     for r, got in enumerate(ids):
         assert sorted(got[carry[r] : carry[r] + len(shards[r])]) == sorted(shards[r].tolist())
     # the LR schedule continues on its curve: step 5's LR is the cosine's next value after step 4's
@@ -218,7 +232,7 @@ def test_resume_from_4_ranks_on_3_sees_every_sample_of_the_epoch_once(tmp_path: 
     assert lrs[0] == pytest.approx(before[0][-2]["lr"], rel=0.2) and lrs[0] != before[0][-2]["lr"]
     # the store's newest version is the new world size's, intact
     store = open_store(_cfg().store, run / "checkpoints")
-    assert store.manifest(LATEST)["world_size"] == 3 and store.verify(LATEST) == []
+    assert store.manifest(LATEST)["world_size"] == world and store.verify(LATEST) == []
 
 
 class _Stream(IterableDataset[tuple[torch.Tensor, int]]):
