@@ -14,7 +14,7 @@ from vatra.config import Config
 from vatra.engine import Trainer
 from vatra.errors import ConfigError
 from vatra.monitor import JsonlWriter
-from vatra.resilience import LAST_GOOD, LATEST, CheckpointPlugin, open_store
+from vatra.resilience import LAST_GOOD, LATEST, CheckpointPlugin, corrupt_version, open_store
 from vatra.rundir import RunDir, read_jsonl
 
 
@@ -176,3 +176,22 @@ def test_a_checkpoint_of_another_model_is_a_clear_error_not_a_fallback(tmp_path:
     ):
         _fit(other, tmp_path / "run")
     assert not _events(tmp_path / "run", "checkpoint_corrupt")  # no version was blamed for it
+
+
+def test_a_run_whose_only_version_is_damaged_starts_exactly_as_a_fresh_one(tmp_path: Path) -> None:
+    """Trying a damaged version must leave no trace: planning its load initialises the optimizer
+    (DCP's zero-gradient step makes Adam's step count 1), which would shift every later update."""
+    # Prepare: a run's only version (step 5) has a damaged object; an undisturbed reference
+    cfg = _cfg(every_steps=5)
+    cfg.train.steps = 5
+    _fit(cfg, tmp_path / "run")
+    store = open_store(cfg.store, tmp_path / "run" / "checkpoints")
+    corrupt_version(store, store.manifest(LATEST))
+    cfg.train.steps = 12
+    cfg.checkpoint.every_steps = 0
+    ref, _ = _fit(cfg, tmp_path / "ref")
+    # Execute: the same command again on the damaged run folder
+    resumed, _ = _fit(cfg, tmp_path / "run")
+    # Assert: the damaged version was passed over, and training started from scratch bit for bit
+    assert _events(tmp_path / "run", "checkpoint_corrupt") and not _events(tmp_path / "run", "resume")
+    assert all(torch.equal(a, b) for a, b in zip(_weights(ref), _weights(resumed), strict=True))

@@ -308,3 +308,15 @@ def test_a_full_disk_leaves_no_temporary_file_and_no_partial_object(tiny_fs: Pat
     assert store.get_object(digest) == b"fits" and not ok.exists()
     assert not [f for f in _files(tiny_fs) if ".tmp-" in f]
     assert store.manifest(LATEST)["step"] == 1 and store.verify(LATEST) == []
+
+
+def test_a_damaged_version_takes_no_place_among_those_gc_keeps(tmp_path: Path) -> None:
+    """A resume that fell back past a damaged version tells gc so: keeping the N newest must not
+    count it, or an intact older version is deleted while fewer than N intact ones are left."""
+    store = CheckpointStore(FsspecBackend(str(tmp_path / "store")))
+    for step in (1, 2, 3, 4):
+        store.write_version({"f": f"state {step}".encode()}, step=step, parent=None, world_size=1,
+                            version=f"v{step}")  # fmt: skip
+    deleted, _ = store.gc(2, damaged={"v4"})
+    assert deleted == ["v1"]
+    assert [m["version"] for m in store.versions()] == ["v2", "v3", "v4"]  # v4 kept as evidence

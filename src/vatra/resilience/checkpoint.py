@@ -65,6 +65,7 @@ class CheckpointPlugin(Plugin):
         self.work_dir = run_dir.checkpoints / ".work"
         self.stage = self.work_dir / "rank00000"
         self.parent: str | None = None
+        self.damaged: set[str] = set()  # versions a resume fell back past (rank 0): gc keeps them aside
         self.attempt = 0
         self.saved_step = -1  # step of the newest save (avoids a second save at the same step)
         self.next_save = 0
@@ -326,7 +327,7 @@ class CheckpointPlugin(Plugin):
             )
         if self.cfg.keep_last:
             try:
-                self.store.gc(self.cfg.keep_last)
+                self.store.gc(self.cfg.keep_last, damaged=self.damaged)
             except StoreError as err:  # nothing was deleted that is still needed; the run goes on
                 self.run_dir.log_event(
                     "gc_aborted", rank=0, step=info["step"], version=version, reason=str(err)
@@ -352,10 +353,15 @@ class CheckpointPlugin(Plugin):
         proposals = self._candidates(trainer, start) if trainer.dist.is_main else None
         manifest: Manifest | None = None
         problem: str | None = None
+        # Planning a load (snapshot.dcp_files) makes DCP initialise an empty optimizer state with a
+        # zero-gradient step (Adam's step count becomes 1): undone when nothing gets loaded, so a
+        # run that finds no intact version starts exactly as a fresh one.
+        fresh = not trainer.optimizer.state
 
         def propose() -> Manifest | None:  # rank 0, inside an agreement: its errors reach every rank
             assert proposals is not None
             if manifest is not None and problem is not None:
+                self.damaged.add(manifest["version"])
                 trainer.log_event("checkpoint_corrupt", version=manifest["version"], problem=problem,
                                   action="fall back to parent")  # fmt: skip
             return next(proposals, None)
@@ -364,6 +370,8 @@ class CheckpointPlugin(Plugin):
         while True:
             manifest = self.ranks.on_main(propose)
             if manifest is None:
+                if fresh:
+                    trainer.optimizer.state.clear()
                 return None
             shutil.rmtree(dest, ignore_errors=True)
             found = self.ranks.agree(self._fetch(trainer, manifest, dest))

@@ -19,7 +19,7 @@ import hashlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -372,8 +372,14 @@ class CheckpointStore:
         return repaired, failed
 
     # ------------------------------------------------------------------ gc
-    def gc(self, keep: int, *, temp_age_s: float = TEMP_AGE_S) -> tuple[list[str], int]:
+    def gc(
+        self, keep: int, *, damaged: Collection[str] = (), temp_age_s: float = TEMP_AGE_S
+    ) -> tuple[list[str], int]:
         """Keep the ``keep`` newest versions plus every tagged one; delete the rest and orphan objects.
+
+        ``damaged``: versions the caller found damaged (a resume fell back past them). They are
+        kept, as evidence for ``vatra ckpt verify``, but take none of the ``keep`` places: a
+        damaged version must not push an intact one out.
 
         Deletes nothing (raises :class:`GcAborted`) when any manifest or tag cannot be read or a
         tag names a missing version: what such a record references is unknown, and treating its
@@ -393,7 +399,8 @@ class CheckpointStore:
             )
         manifests = scan.manifests
         tagged = set(scan.tags.values())
-        kept = {m["version"] for m in manifests[-keep:]} | tagged
+        intact = [m["version"] for m in manifests if m["version"] not in damaged]
+        kept = set(intact[-keep:]) | tagged | (set(damaged) & {m["version"] for m in manifests})
         deleted = [m["version"] for m in manifests if m["version"] not in kept]
         for version in deleted:
             self.backend.delete(f"versions/{version}.json")
