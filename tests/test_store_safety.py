@@ -22,6 +22,7 @@ from vatra.resilience import (
     FsspecBackend,
     GcAborted,
     StoreError,
+    corrupt_version,
     open_store,
     truncate_manifest,
 )
@@ -320,3 +321,14 @@ def test_a_damaged_version_takes_no_place_among_those_gc_keeps(tmp_path: Path) -
     deleted, _ = store.gc(2, damaged={"v4"})
     assert deleted == ["v1"]
     assert [m["version"] for m in store.versions()] == ["v2", "v3", "v4"]  # v4 kept as evidence
+
+
+def test_saving_bytes_identical_to_a_damaged_object_rewrites_and_heals_it(tmp_path: Path) -> None:
+    """A resumed run replays its steps and saves bit-identical state: the store must not skip the
+    write because a (damaged) object with that address exists, or the new version is damaged too."""
+    store = CheckpointStore(FsspecBackend(str(tmp_path / "store")))
+    old = store.write_version({"model": b"weights at step 225"}, step=225, parent=None, world_size=1)
+    corrupt_version(store, old)
+    assert store.verify(old["version"])
+    new = store.write_version({"model": b"weights at step 225"}, step=225, parent=None, world_size=1)
+    assert store.verify(new["version"]) == [] and store.verify(old["version"]) == []

@@ -109,7 +109,7 @@ class CheckpointStore:
         """
         digest = sha256(data)
         key = self.object_key(digest)
-        if not self.backend.exists(key):
+        if not self._stored_intact(key, digest):
             self.backend.put(key, data)
         return digest
 
@@ -125,9 +125,24 @@ class CheckpointStore:
                 h.update(chunk)
         digest, size = h.hexdigest(), path.stat().st_size
         key = self.object_key(digest)
-        if not self.backend.exists(key):
+        if not self._stored_intact(key, digest):
             self.backend.put_file(key, path)
         return digest, size
+
+    def _stored_intact(self, key: str, digest: str) -> bool:
+        """Whether an intact copy of the object is stored already, so writing it can be skipped.
+
+        A present copy is read back and checked: a resumed run that replays its steps saves
+        bit-identical state, and skipping the write against a damaged copy would give the new
+        version the old one's damage. Writing the good bytes over it heals every version that
+        shares the object. Only repeated content pays the read (new training state is new bytes).
+        """
+        if not self.backend.exists(key):
+            return False
+        try:
+            return sha256(self.backend.get(key)) == digest
+        except StoreError:
+            return False
 
     def get_object(self, digest: str) -> bytes:
         data = self.backend.get(self.object_key(digest))
