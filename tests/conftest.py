@@ -62,3 +62,16 @@ def small_disk(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def vatra_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``vatra ARGS`` run in this process through the console entry: (exit code, stdout, stderr)."""
+    from vatra.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -7,23 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import small_config
+from tests.conftest import small_config, vatra_in_process
 
-from vatra.cli import main
 from vatra.config import dump_toml, load_config
 from vatra.engine import Trainer
 from vatra.resilience import LATEST, CheckpointPlugin, open_store
 from vatra.rundir import RunDir
-
-
-def _vatra(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
@@ -43,9 +32,9 @@ def run(tmp_path: Path) -> Path:
 
 def test_ckpt_commands(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # list and show
-    code, out, _ = _vatra(capsys, "ckpt", "list", str(run))
+    code, out, _ = vatra_in_process(capsys, "ckpt", "list", str(run))
     assert code == 0 and all(f"s00000{s:02d}-a0" in out for s in (4, 8, 12))
-    code, out, _ = _vatra(capsys, "ckpt", "show", str(run), "latest")
+    code, out, _ = vatra_in_process(capsys, "ckpt", "show", str(run), "latest")
     manifest = json.loads(out)
     assert manifest["step"] == 12 and "latest" in manifest["current_tags"]
     # m − k = 2 shards of one object lost: still readable, repaired shard by shard
@@ -53,24 +42,24 @@ def test_ckpt_commands(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     key = store.object_key(manifest["files"]["__0_0.distcp"]["sha256"])
     for i in (1, 4):
         (tmp_path / f"node{i}" / key).unlink()
-    code, out, _ = _vatra(capsys, "ckpt", "verify", str(run), "--repair")
+    code, out, _ = vatra_in_process(capsys, "ckpt", "verify", str(run), "--repair")
     assert code == 0 and out.count("repaired:") == 2 and "DAMAGED" not in out
     assert all((tmp_path / f"node{i}" / key).is_file() for i in (1, 4))
     # m − k + 1 lost: verify names the damaged version and exits 1
     for i in (0, 2, 5):
         (tmp_path / f"node{i}" / key).unlink()
-    code, out, err = _vatra(capsys, "ckpt", "verify", str(run))
+    code, out, err = vatra_in_process(capsys, "ckpt", "verify", str(run))
     assert code == 1 and f"{manifest['version']}: DAMAGED" in out and "only 3 of 6 shards intact" in out
     assert err.startswith("error: 1 damaged version(s)")
     # rollback refuses the damaged version, accepts an intact one; gc keeps tagged + newest
-    code, _, err = _vatra(capsys, "ckpt", "rollback", str(run), manifest["version"])
+    code, _, err = vatra_in_process(capsys, "ckpt", "rollback", str(run), manifest["version"])
     assert code == 1 and "is damaged, not rolling back" in err
-    code, out, _ = _vatra(capsys, "ckpt", "rollback", str(run), "s0000004")
+    code, out, _ = vatra_in_process(capsys, "ckpt", "rollback", str(run), "s0000004")
     assert code == 0 and store.resolve(LATEST) == "s0000004-a0"
-    code, out, _ = _vatra(capsys, "ckpt", "gc", str(run), "--keep", "1")
+    code, out, _ = vatra_in_process(capsys, "ckpt", "gc", str(run), "--keep", "1")
     assert code == 0 and "deleted 1 version(s)" in out and "s0000008-a0" in out
     # one-line errors
-    code, _, err = _vatra(capsys, "ckpt", "show", str(run), "nope")
+    code, _, err = vatra_in_process(capsys, "ckpt", "show", str(run), "nope")
     assert code == 1 and err.startswith("error: no version or tag 'nope'")
-    code, _, err = _vatra(capsys, "ckpt", "list", str(tmp_path))
+    code, _, err = vatra_in_process(capsys, "ckpt", "list", str(tmp_path))
     assert code == 2 and "not a run folder" in err

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import small_config, small_disk
+from tests.conftest import small_config, small_disk, vatra_in_process
 
 from vatra.config import config_from_dict, dump_toml
 from vatra.errors import ConfigError
@@ -96,29 +96,17 @@ def run(tmp_path: Path) -> tuple[Path, CheckpointStore]:
     return rd.path, store
 
 
-def _vatra(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from vatra.cli import main
-
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_verify_reports_unreadable_manifests_and_tags(
     run: tuple[Path, CheckpointStore], capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, store = run
     first, second, _ = (m["version"] for m in store.versions())
-    code, out, _ = _vatra(capsys, "ckpt", "verify", str(path))
+    code, out, _ = vatra_in_process(capsys, "ckpt", "verify", str(path))
     assert code == 0 and "UNREADABLE" not in out
     # Execute: one manifest cut short, one tag naming a version that is gone
     truncate_manifest(store, first)
     store.set_tag("release", "s0000042-gone")
-    code, out, err = _vatra(capsys, "ckpt", "verify", str(path))
+    code, out, err = vatra_in_process(capsys, "ckpt", "verify", str(path))
     # Assert: both named, exit 1, one error line
     assert code == 1
     assert f"UNREADABLE versions/{first}.json: not valid JSON" in out
@@ -126,12 +114,12 @@ def test_verify_reports_unreadable_manifests_and_tags(
     assert f"{second}: ok" in out
     assert err.startswith("error: 1 unreadable manifest(s) or tag(s), 1 tag(s) naming a missing version")
     assert err.count("\n") == 1
-    code, out, err = _vatra(capsys, "ckpt", "list", str(path))
+    code, out, err = vatra_in_process(capsys, "ckpt", "list", str(path))
     assert code == 0 and second in out and "warning: 2 manifest(s) or tag(s) cannot be read" in err
     # gc from the CLI refuses with one line and exit 1; --keep 0 is a usage error (exit 2)
-    code, _, err = _vatra(capsys, "ckpt", "gc", str(path), "--keep", "1")
+    code, _, err = vatra_in_process(capsys, "ckpt", "gc", str(path), "--keep", "1")
     assert code == 1 and err.startswith("error: gc deleted nothing") and err.count("\n") == 1
-    code, _, err = _vatra(capsys, "ckpt", "gc", str(path), "--keep", "0")
+    code, _, err = vatra_in_process(capsys, "ckpt", "gc", str(path), "--keep", "0")
     assert code == 2 and "must keep at least 1 version" in err
 
 
@@ -148,7 +136,7 @@ def test_ckpt_gc_removes_staging_leftovers(
     stale.write_bytes(b"x")
     fresh.write_bytes(b"y")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
-    code, out, _ = _vatra(capsys, "ckpt", "gc", str(path), "--keep", "1")
+    code, out, _ = vatra_in_process(capsys, "ckpt", "gc", str(path), "--keep", "1")
     assert code == 0 and "deleted 2 version(s)" in out and "removed the staging folder" in out
     assert not leftover.parent.parent.exists()
     assert not stale.exists() and fresh.exists()  # a temp file a live writer may still own stays
