@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,3 +77,38 @@ def vatra_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[in
         code = int(exit_.code or 0)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@pytest.fixture
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server (moto_server) on a free port; skipped when it cannot start."""
+    pytest.importorskip("s3fs")
+    exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    if not Path(exe).exists():
+        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    from vatra.launch import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.skip("moto_server exited at start")
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.skip("moto_server did not start within 30 s")
+    endpoint = f"http://127.0.0.1:{port}"
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    import s3fs
+
+    s3fs.S3FileSystem(**options).mkdir("ckpt-bucket")
+    yield options
+    proc.terminate()
+    proc.wait(timeout=10)

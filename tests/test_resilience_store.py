@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from vatra.launch import free_port
 from vatra.resilience import LAST_GOOD, LATEST, CheckpointStore, ErasureBackend, FsspecBackend, StoreError
 from vatra.resilience.erasure import decode, encode, parse_shard
 
@@ -141,39 +136,6 @@ def test_erasure_config_is_validated() -> None:
 
 
 # ----------------------------------------------------------------------- S3
-@pytest.fixture
-def s3_server(tmp_path: Path):
-    """A real S3-compatible server (moto_server) on a free port; skipped when it cannot start."""
-    pytest.importorskip("s3fs")
-    exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
-    if not Path(exe).exists():
-        pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.skip("moto_server exited at start")
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.skip("moto_server did not start within 30 s")
-    endpoint = f"http://127.0.0.1:{port}"
-    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    import s3fs
-
-    s3fs.S3FileSystem(**options).mkdir("ckpt-bucket")
-    yield options
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
 def test_s3_store_contract(s3_server: dict, tmp_path: Path) -> None:
     store = CheckpointStore(FsspecBackend("s3://ckpt-bucket/run1", s3_server))
     store_contract(store, tmp_path)

@@ -84,6 +84,25 @@ def resolve_run_dir(cfg: Config, ctx: DistContext, given: str | Path | None) -> 
     return run_dir
 
 
+def _on_rank0(ctx: DistContext, compute: Any) -> Any:
+    """``compute()`` on rank 0, its result (or its error) on every rank."""
+    from vatra.data import DataContext
+    from vatra.data.preprocess import on_rank0
+
+    return on_rank0(
+        DataContext(rank=ctx.rank, world_size=ctx.world_size, broadcast=ctx.broadcast_object), compute
+    )
+
+
+def _pin_table(cfg: Config, ctx: DistContext) -> Config:
+    """A Delta table source read at one version on every rank: rank 0 resolves the latest, so the
+    run folder's config.toml and every rank name the same one."""
+    from vatra.data.tables.source import pin
+
+    data = _on_rank0(ctx, lambda: pin(cfg).data.model_dump())
+    return cfg.model_copy(update={"data": type(cfg.data).model_validate(data)})
+
+
 def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
     """A ``Config`` from a Config, a dict of sections, or a TOML file's path."""
     if isinstance(config, Config):
@@ -127,7 +146,13 @@ def fit(
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     ctx = DistContext.from_env(cfg.dist)
     try:
+        if train is None and cfg.data.name == "delta":
+            cfg = _pin_table(cfg, ctx)
         rd = resolve_run_dir(cfg, ctx, run_dir or os.environ.get(RUN_DIR_ENV))
+        if train is None and cfg.data.name == "delta" and cfg.data.drift_check:
+            from vatra.data.tables.source import check_drift
+
+            _on_rank0(ctx, lambda: check_drift(cfg.data, rd.log_event))
         trainer = Trainer.from_config(
             cfg,
             model=model,

@@ -192,6 +192,7 @@ DATASETS = Registry(
     "dataset",
     "data.name",
     {
+        "delta": "vatra.data.tables.source:build_delta",
         "digits": "vatra.data.datasets:digits",
         "images": "vatra.data.images:build_images",
         "npz": "vatra.data.npz:build_npz",

@@ -2,6 +2,7 @@
 
 from vatra.cli import ckpt as _ckpt  # noqa: F401  (registers the ckpt commands)
 from vatra.cli import cluster as _cluster  # noqa: F401  (registers cluster up/run/down)
+from vatra.cli import data as _data  # noqa: F401  (registers the data commands)
 from vatra.cli import federated as _federated  # noqa: F401  (registers federate and fl)
 from vatra.cli import report as _report  # noqa: F401  (registers report)
 from vatra.cli import train as _train  # noqa: F401  (registers the train and config commands)

@@ -111,7 +111,7 @@ def train(
     )
     from vatra.launch import launch_workers
 
-    _preflight(cfg)
+    cfg = _preflight(cfg)
     if run_dir is None and spec.nnodes != "1":
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
         return
@@ -174,9 +174,11 @@ def _job(spec: LaunchSpec) -> str | None:
     return f"{spec.rdzv_id}@{spec.rdzv_endpoint}"
 
 
-def _preflight(cfg: Config) -> None:
+def _preflight(cfg: Config) -> Config:
     """What can be checked once, here, before any worker starts: the config's import strings
-    resolve, and a table's columns fit its files (schema only, no rows read)."""
+    resolve, and a table's columns fit its files (schema only, no rows read). A Delta table is
+    pinned to its latest version here when the config names none, so the run folder's config.toml
+    says which version the run reads."""
     from vatra.registry import DATASETS, LOSSES, MODELS
 
     for registry, value in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (LOSSES, cfg.train.loss)):
@@ -188,6 +190,12 @@ def _preflight(cfg: Config) -> None:
 
         heads = {name: h.task for name, h in cfg.train.multitask.heads.items()}
         check_table(cfg.data, DataContext(seed=cfg.run.seed, task=cfg.train.task, head_tasks=heads))
+    if cfg.data.name == "delta":
+        require("deltalake", "delta", "data.name = 'delta'")
+        from vatra.data.tables.source import pin
+
+        return pin(cfg)
+    return cfg
 
 
 def _report_after_failure(rd: RunDir) -> None:

@@ -16,6 +16,7 @@ from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._resilience import CheckpointConfig, ErasureConfig, StoreConfig
 from vatra.config._sections import (
     DataConfig,
+    DriftConfig,
     DistConfig,
     ModelConfig,
     OptimConfig,
@@ -30,6 +31,7 @@ __all__ = [
     "CommConfig",
     "Config",
     "DataConfig",
+    "DriftConfig",
     "DistConfig",
     "ErasureConfig",
     "FederatedConfig",

@@ -59,16 +59,98 @@ class RunConfig(Section):
 TaskKind = Literal["classification", "multilabel", "regression", "ranking", "lm", "multitask"]
 
 
+class DriftConfig(Section):
+    """How ``vatra data drift`` and ``data.drift_check`` compare new rows with a reference version.
+
+    Every statistic is computed for every column; ``numeric`` and ``categorical`` pick the one that
+    decides whether a column drifted. ``auto`` follows the usual practice for tabular drift: a
+    p-value test on small samples (KS for numbers, chi² for categories, at most ``small_sample``
+    rows), a distance on large ones (normalised Wasserstein, Jensen–Shannon), where every p-value
+    test rejects for differences too small to matter.
+    """
+
+    numeric: Literal["auto", "psi", "ks", "wasserstein"] = Field(
+        "auto",
+        description="The statistic that decides for number columns (auto: ks when small, else wasserstein).",
+    )
+    categorical: Literal["auto", "psi", "chi2", "jensen_shannon"] = Field(
+        "auto",
+        description="The statistic that decides for category columns "
+        "(auto: chi2 when small, else jensen_shannon).",
+    )
+    small_sample: int = Field(
+        1000,
+        ge=10,
+        description="auto: p-value tests up to this many rows (the smaller side), distances above.",
+    )
+    psi: float = Field(0.2, gt=0.0, description="Population stability index above which a column drifted.")
+    bins: int = Field(10, ge=2, le=1000, description="PSI bins: quantiles of the reference.")
+    ks_pvalue: float = Field(0.05, gt=0.0, lt=1.0, description="KS p-value below which a column drifted.")
+    wasserstein: float = Field(
+        0.1, gt=0.0, description="Wasserstein distance / reference std above which a column drifted."
+    )
+    chi2_pvalue: float = Field(0.05, gt=0.0, lt=1.0, description="chi² p-value below which a column drifted.")
+    jensen_shannon: float = Field(
+        0.1, gt=0.0, le=1.0, description="Jensen–Shannon distance (base 2) above which a column drifted."
+    )
+    units: bool = Field(True, description="Look for unit changes (×10ⁿ, in↔cm, lb↔kg, mi↔km, °F↔°C).")
+    unit_tolerance: float = Field(
+        0.03, gt=0.0, lt=0.5, description="Relative distance to a known factor that still counts as it."
+    )
+    unit_min_fraction: float = Field(
+        0.005,
+        gt=0.0,
+        le=1.0,
+        description="Smallest share of rows (or of a source's rows) a unit change is reported for.",
+    )
+    columns: list[str] = Field([], description="Columns to compare; [] = every column both sides have.")
+    ignore: list[str] = Field([], description="Columns never compared (ids, timestamps).")
+
+
 class DataConfig(Section):
     name: str = Field(
         "digits",
-        description="Data source: digits, synthetic, text, table (CSV/Parquet), npz, images, or an "
+        description="Data source: digits, synthetic, text, table (CSV/Parquet), delta (a Delta table), npz, "
+        "images, or an "
         "import string 'package.module:build' returning (train, val) torch Datasets.",
     )
     kwargs: dict[str, Any] = Field(
         {}, description="Keyword arguments for an import-string data factory (data.name = 'pkg.mod:fn')."
     )
-    path: str = Field("", description="table / npz / images: a file, a folder, or a glob of files.")
+    path: str = Field(
+        "",
+        description="table / npz / images: a file, a folder, or a glob of files; delta: the table (path or s3://).",
+    )
+    version: int | None = Field(
+        None,
+        ge=0,
+        description="delta: the table version to read; unset = the latest when the run starts, which is "
+        "then written into the run's config.toml, so a rerun reads the same rows.",
+    )
+    storage_options: dict[str, Any] = Field(
+        {},
+        description="delta on s3://: storage options in the checkpoint store's form (endpoint_url, key, "
+        "secret, client_kwargs.region_name); [] = store.options, then the AWS_* environment.",
+    )
+    source_column: str = Field(
+        "",
+        description="delta: the column naming each row's source (a supplier, a site); drift is "
+        "also checked per source.",
+    )
+    drift_check: bool = Field(
+        False,
+        description="delta: before training, compare the rows added since data.drift_reference with it; "
+        "a drifted column or a unit change stops the run (exit 2) unless data.allow_drift.",
+    )
+    drift_reference: int | None = Field(
+        None,
+        ge=0,
+        description="delta: the version a model was trained on (default: the version before data.version).",
+    )
+    allow_drift: bool = Field(
+        False, description="delta: train even when data.drift_check finds drift (logged)."
+    )
+    drift: DriftConfig = Field(default_factory=DriftConfig, description="How drift is measured.")
     target: str | list[str] = Field(
         "", description="table: the target column, or a list (multilabel, multi-output or multitask)."
     )

@@ -430,7 +430,12 @@ def build_table(cfg: DataConfig, ctx: DataContext) -> Datasets:
         from vatra.data.stream import build_stream
 
         return build_stream(cfg, ctx, files, plan)
-    table = read_table(files, plan.needed)
+    return build_rows(read_table(files, plan.needed), plan, cfg, ctx)
+
+
+def build_rows(table: pa.Table, plan: Plan, cfg: DataConfig, ctx: DataContext) -> Datasets:
+    """Train and val datasets of rows already read (``plan.needed`` columns): missing values, the
+    split, the preprocessing fitted on the training rows, the encoded parts."""
     drop, missing = check_missing(table, plan, cfg.nan)
     if missing:
         raise missing_error(missing, table.num_rows, plan, cfg.nan)

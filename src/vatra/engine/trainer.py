@@ -376,4 +376,7 @@ class Trainer:
         weights = getattr(self.loss, "weights", None)
         if callable(weights):
             summary["loss_weights"] = weights()
+        provenance = getattr(self.train_data, "provenance", None)  # where the rows came from (delta)
+        if isinstance(provenance, dict):
+            summary["data"] = provenance
         return summary

@@ -195,6 +195,11 @@ class LocalClient:
         }
         if probes:  # clustered weighs its clusters by how well their members fit after training
             metrics["loss_after"] = self._probe(data, trained)
+        provenance = getattr(data.train, "provenance", None)  # a Delta table: which version it trained on
+        if isinstance(provenance, dict):
+            metrics["data_version"] = int(provenance["version"])
+            if provenance.get("schema_hash"):
+                metrics["data_schema"] = str(provenance["schema_hash"])
         body = slice(0, self.layout.size - head)
         update = (trained[body].astype(np.float64) - start[body]).astype(np.float32)
         res = FitRes(cid, ins.round, data.num_train, update, metrics)

@@ -115,8 +115,9 @@ def own_data(datasets: Datasets, what: str = "--data") -> ClientData:
 def source_config(cfg: Config, source: str) -> Config:
     """``cfg`` with its data section pointed at ``source``: an import string, or a file or folder.
 
-    A path keeps the config's ``data.name`` when it reads paths (table, npz, images) and is
-    otherwise read by its suffix: .csv/.tsv/.parquet/.pq → table, .npz → npz, a folder → images.
+    A path keeps the config's ``data.name`` when it reads paths (table, npz, images, delta) and is
+    otherwise read by its suffix: a folder with a ``_delta_log`` → delta (its latest version unless
+    ``data.version`` says), .csv/.tsv/.parquet/.pq → table, .npz → npz, another folder → images.
     """
     data = cfg.data
     as_path = Path(source).expanduser()
@@ -125,9 +126,11 @@ def source_config(cfg: Config, source: str) -> Config:
     if "://" not in source and not as_path.exists():
         raise ConfigError(f"--data {source}: no such file or folder (or give an import string 'pkg.mod:fn')")
     name = data.name
-    if name not in ("table", "npz", "images"):
+    if name not in ("table", "npz", "images", "delta"):
         suffix = as_path.suffix.lower()
-        if suffix in (".csv", ".tsv", ".parquet", ".pq"):
+        if (as_path / "_delta_log").is_dir():
+            name = "delta"
+        elif suffix in (".csv", ".tsv", ".parquet", ".pq"):
             name = "table"
         elif suffix == ".npz":
             name = "npz"
@@ -310,8 +313,10 @@ def build_federation(cfg: Config) -> Federation:
     fed = cfg.federated
     p = fed.partition
     ctx = data_context(cfg, keep=(p.column,) if p.method == "column" else ())
-    if p.method == "column" and cfg.data.name != "table":
-        raise ConfigError("federated.partition.method = 'column' reads a table: set data.name = 'table'")
+    if p.method == "column" and cfg.data.name not in ("table", "delta"):
+        raise ConfigError(
+            "federated.partition.method = 'column' reads a table: set data.name = 'table' or 'delta'"
+        )
     train: Any
     val: Any
     train, val, spec = build_dataset(cfg.data, ctx)

@@ -233,6 +233,9 @@ class FederatedServer:
             client_time_s=max(durations, default=0.0),  # the slowest client: a synchronous round's floor
             train_loss=float(np.mean(losses)) if losses else None,
         )
+        versions = {str(r.client_id): v for r in results if (v := _data_version(r.metrics))}
+        if versions:  # owners training on Delta tables say which version (and schema) they read
+            metrics["client_data"] = versions
         self.hook.round_metrics(rnd, metrics)
         return metrics
 
@@ -317,3 +320,13 @@ class FederatedServer:
             "weights_sha256": weights_digest(self.strategy.weights),
             **self.hook.summary(ordered),
         }
+
+
+def _data_version(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """A client's ``data_version`` and ``data_schema`` as they are logged, or None when it sent none.
+    The wire has checked their shape (an int, a short string); they are only logged, never trusted."""
+    version = metrics.get("data_version")
+    if type(version) is not int:
+        return None
+    digest = metrics.get("data_schema")
+    return {"version": version, "schema_hash": digest if isinstance(digest, str) else None}

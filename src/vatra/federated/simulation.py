@@ -138,6 +138,10 @@ def simulate(
     ``federated.partition.file`` reads), so the same partition can be reproduced anywhere.
     """
     torch.set_num_threads(1)
+    if cfg.data.name == "delta":  # the owners' rows come from one pinned version, named in config.toml
+        from vatra.data.tables.source import pin
+
+        cfg = pin(cfg)
     run_dir.create()
     run_dir.config.write_text(dump_toml(cfg))
     fed = build_federation(cfg)

@@ -39,7 +39,7 @@ MAX_METRICS = 64  # metrics per fit result
 MAX_TEXT = 256  # characters of a metric name or string value
 MAX_LIST = 64  # items of a list-valued metric
 # Metrics the server itself reads as numbers (server, selectors, strategies, upload hooks).
-INT_METRICS = frozenset({"model", "update_floats", "dp_unclipped"})
+INT_METRICS = frozenset({"model", "update_floats", "dp_unclipped", "data_version"})
 FLOAT_METRICS = frozenset(
     {"loss_before", "loss_after", "train_loss", "train_time_s", "duration_s", "local_accuracy", "update_norm"}
 )

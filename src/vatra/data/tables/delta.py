@@ -1,0 +1,613 @@
+"""Delta tables: ingest with a pinned schema, versions, snapshots and their differences.
+
+A table is a standard Delta Lake table (delta-rs writes it; Spark, DuckDB, Polars or plain
+``deltalake`` read it). vatra keeps two things of its own beside the data, under ``<table>/_vatra/``
+(a folder Delta readers and ``VACUUM`` ignore: its name starts with ``_``):
+
+* ``schema.yaml``: the pinned pandera schema (:class:`~vatra.data.tables.schema.TableSchema`),
+  written by the first ingest (or by the user before it) and changed only by
+  ``vatra data schema update``;
+* ``events.jsonl``: what was accepted against the schema (``--force``) and every schema change.
+
+Each ingest is one Delta commit whose ``vatra.ingest`` commit metadata records the source files
+(name, sha256, rows), the schema hash, and whether it was forced and with which violations, so
+``vatra data log`` can say what made each version.
+
+Rows of a version are read file by file in the order the files were added (then by path), so a
+version always yields the same rows in the same order: a training run pinned to it splits and
+shuffles them the same way every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vatra._extras import require
+from vatra.errors import ConfigError, VatraError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from vatra.data.tables.schema import TableSchema, Violation
+
+META_DIR = "_vatra"
+SCHEMA_FILE = "schema.yaml"  # the pinned pandera schema, in META_DIR
+COMMIT_KEY = "vatra.ingest"
+FEATURE = "Delta tables"
+
+
+class TableError(VatraError):
+    """A table operation failed for a reason outside the user's command (storage, a broken log)."""
+
+
+class SchemaRefused(ConfigError):
+    """An ingest broke the pinned schema (exit 2): the message is one summary line; ``lines`` holds
+    the report of every failing column."""
+
+    def __init__(self, message: str, lines: list[str]) -> None:
+        super().__init__(message)
+        self.lines = lines
+
+
+# ---------------------------------------------------------------- where the table lives
+def _deltalake() -> Any:
+    return require("deltalake", "delta", FEATURE)
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def delta_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """delta-rs storage options from the checkpoint store's (fsspec / s3fs) form.
+
+    ``endpoint_url``, ``key``, ``secret``, ``token`` and ``client_kwargs.region_name`` become
+    ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``
+    and ``AWS_REGION``; keys already in delta-rs form (upper case) pass through. An ``http://``
+    endpoint (a local S3 server) also sets ``AWS_ALLOW_HTTP``. Writes use S3's conditional puts,
+    so concurrent ingests cannot overwrite each other's commits.
+    """
+    out: dict[str, str] = {}
+    client = options.get("client_kwargs") or {}
+    names = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN"}
+    for key, value in options.items():
+        if key in names and value is not None:
+            out[names[key]] = str(value)
+        elif key.isupper():
+            out[key] = str(value)
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    if endpoint:
+        out["AWS_ENDPOINT_URL"] = str(endpoint)
+        if str(endpoint).startswith("http://"):
+            out.setdefault("AWS_ALLOW_HTTP", "true")
+    if client.get("region_name"):
+        out["AWS_REGION"] = str(client["region_name"])
+    if endpoint:
+        out.setdefault("AWS_REGION", "us-east-1")  # a custom endpoint needs a region; any one will do
+    out.setdefault("conditional_put", "etag")
+    return out
+
+
+@dataclass(frozen=True)
+class Table:
+    """A Delta table's address: its URI and the storage options (store form) that reach it."""
+
+    uri: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def at(cls, uri: str, options: Mapping[str, Any] | None = None) -> Table:
+        if not uri:
+            raise ConfigError("data.path: name the Delta table (a folder or s3://bucket/prefix)")
+        if not is_remote(uri):
+            uri = str(Path(uri.removeprefix("file://")).expanduser().resolve())
+        return cls(uri.rstrip("/"), dict(options or {}))
+
+    def exists(self) -> bool:
+        return bool(_deltalake().DeltaTable.is_deltatable(self.uri, storage_options=self.delta_options))
+
+    @property
+    def delta_options(self) -> dict[str, str]:
+        return delta_options(self.options) if is_remote(self.uri) else {}
+
+    def open(self, version: int | None = None) -> DeltaTable:
+        """The table at ``version`` (latest when None); one-line errors for a missing table or version."""
+        dl = _deltalake()
+        if not self.exists():
+            raise ConfigError(
+                f"{self.uri}: no Delta table there; create one with: "
+                f"vatra data ingest FILE --table {self.uri}"
+            )
+        try:
+            dt = dl.DeltaTable(self.uri, storage_options=self.delta_options)
+            if version is not None:
+                latest = dt.version()
+                if version > latest:
+                    raise ConfigError(
+                        f"{self.uri}: no version {version}; the latest is {latest} "
+                        f"(see vatra data log {self.uri})"
+                    )
+                dt.load_as_version(version)
+        except ConfigError:
+            raise
+        except Exception as err:  # delta-rs raises its own errors (a vacuumed version, a broken log)
+            raise TableError(f"{self.uri}: cannot read version {version}: {_one_line(err)}") from None
+        return dt
+
+    def latest(self) -> int:
+        return int(self.open().version())
+
+    # side files under _vatra/ (fsspec: local folders and s3 alike)
+    def _fs(self) -> tuple[Any, str]:
+        import fsspec
+
+        opts = {k: v for k, v in self.options.items() if not k.isupper()} if is_remote(self.uri) else {}
+        fs, root = fsspec.core.url_to_fs(self.uri, **opts)
+        return fs, f"{root}/{META_DIR}"
+
+    def read_meta(self, name: str) -> str | None:
+        fs, root = self._fs()
+        path = f"{root}/{name}"
+        try:
+            with fs.open(path, "rb") as f:
+                return bytes(f.read()).decode()
+        except FileNotFoundError:
+            return None
+
+    def write_meta(self, name: str, text: str) -> None:
+        """Write ``_vatra/<name>`` whole: a temp name then a rename where the filesystem has one."""
+        fs, root = self._fs()
+        fs.makedirs(root, exist_ok=True)
+        path = f"{root}/{name}"
+        if is_remote(self.uri):  # an object store's put is atomic
+            fs.pipe_file(path, text.encode())
+            return
+        tmp = Path(f"{path}.tmp-{time.time_ns()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(text.encode())
+                f.flush()
+                import os
+
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def log_event(self, kind: str, **fields: Any) -> None:
+        """Append one line to ``_vatra/events.jsonl`` (read-modify-write: objects cannot be appended)."""
+        line = json.dumps({"time": time.time(), "event": kind, **fields}, default=str)
+        old = self.read_meta("events.jsonl") or ""
+        self.write_meta("events.jsonl", old + line + "\n")
+
+    def events(self) -> list[dict[str, Any]]:
+        text = self.read_meta("events.jsonl") or ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def schema(self) -> TableSchema | None:
+        """The pinned schema, or None when the table has none yet."""
+        text = self.read_meta(SCHEMA_FILE)
+        if text is None:
+            return None
+        from vatra.data.tables.schema import TableSchema  # pandera: only when there is a schema
+
+        return TableSchema.from_yaml(text, source=f"{self.uri}/{META_DIR}/{SCHEMA_FILE}")
+
+    def pin_schema(self, schema: TableSchema) -> None:
+        self.write_meta(SCHEMA_FILE, schema.to_yaml())
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:300] + ("…" if len(text) > 300 else "")
+
+
+# ---------------------------------------------------------------- reading a version
+def file_order(dt: DeltaTable) -> list[str]:
+    """The version's data files (paths relative to the table) in the order they were added."""
+    pa = require("pyarrow", "tables", FEATURE)
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    paths = actions.column("path").to_pylist()
+    times = actions.column("modification_time").to_pylist()
+    return [p for _, p in sorted(zip(times, paths, strict=True))]
+
+
+def read_version(
+    dt: DeltaTable, columns: Sequence[str] | None = None, only: set[str] | None = None
+) -> pa.Table:
+    """Every row of the table's loaded version (or of its files in ``only``), files in
+    :func:`file_order`, so a version always reads the same rows in the same order."""
+    pa = require("pyarrow", "tables", FEATURE)
+    import pyarrow.dataset as ds
+
+    dataset = dt.to_pyarrow_dataset()
+    order = {p: i for i, p in enumerate(file_order(dt))}
+    root = dt.table_uri.split("://", 1)[-1].rstrip("/") + "/"
+
+    def rel(fragment: Any) -> str:
+        path = str(fragment.path)
+        return path.split(root, 1)[1] if root in path else path
+
+    fragments = [f for f in dataset.get_fragments() if only is None or rel(f) in only]
+    fragments.sort(key=lambda f: (order.get(rel(f), len(order)), rel(f)))
+    ordered = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+    try:
+        return ordered.to_table(columns=list(columns) if columns is not None else None)
+    except (OSError, pa.ArrowInvalid) as err:
+        raise TableError(f"{dt.table_uri}: cannot read version {dt.version()}: {_one_line(err)}") from None
+
+
+def arrow_schema(dt: DeltaTable) -> pa.Schema:
+    return dt.to_pyarrow_dataset().schema
+
+
+def local_files(dt: DeltaTable) -> list[str] | None:
+    """The version's Parquet files as local paths in :func:`file_order`, or None when they cannot be
+    read as plain Parquet (a remote table, deletion vectors, column mapping)."""
+    if is_remote(dt.table_uri) or dt.protocol().reader_features:
+        return None
+    root = dt.table_uri.removeprefix("file://").rstrip("/")
+    return [f"{root}/{p}" for p in file_order(dt)]
+
+
+# ---------------------------------------------------------------- ingest
+@dataclass
+class Ingested:
+    """What one ingest did."""
+
+    version: int
+    rows: int
+    files: list[dict[str, Any]]
+    schema_created: bool
+    schema_hash: str
+    forced: bool = False
+    violations: list[str] = field(default_factory=list)
+    nulled: dict[str, int] = field(default_factory=dict)
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_file(path: str) -> pa.Table:
+    """One CSV or Parquet file, every column (CSV types inferred by pyarrow)."""
+    from vatra.data.table import read_schema, read_table
+
+    try:
+        return read_table([path], list(read_schema(path).names))
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("data.path: ", "", 1)) from None
+
+
+def _conform(batch: pa.Table, target: pa.Schema) -> tuple[pa.Table, dict[str, int]]:
+    """``batch`` with the table's columns and types: compatible types cast exactly, a missing column
+    filled with nulls, an extra one kept (the commit adds it). A value that cannot be held in the
+    column's type (text in a number column, a fraction in an integer column) becomes null and is
+    counted: only a forced ingest gets here with such values, and the counts go into its record."""
+    pa = require("pyarrow", "tables", FEATURE)
+    import pyarrow.compute as pc
+
+    nulled: dict[str, int] = {}
+    cols: list[Any] = []
+    names: list[str] = []
+    for fld in target:
+        if fld.name not in batch.column_names:
+            cols.append(pa.nulls(batch.num_rows, fld.type))
+            names.append(fld.name)
+            nulled[fld.name] = batch.num_rows
+            continue
+        col = batch.column(fld.name)
+        if col.type != fld.type:
+            try:
+                col = pc.cast(col, fld.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                col, lost = _lossy_cast(col, fld.type)
+                nulled[fld.name] = lost
+        cols.append(col)
+        names.append(fld.name)
+    for name in batch.column_names:
+        if name not in names:
+            cols.append(batch.column(name))
+            names.append(name)
+    return pa.Table.from_arrays(cols, names=names), nulled
+
+
+def _lossy_cast(col: Any, to: pa.DataType) -> tuple[Any, int]:
+    """``col`` as ``to``, a null where a value does not survive the round trip; (column, nulls made)."""
+    pa = require("pyarrow", "tables", FEATURE)
+    import pyarrow.compute as pc
+
+    values = col.to_pylist()
+    out: list[Any] = []
+    lost = 0
+    for v in values:
+        if v is None:
+            out.append(None)
+            continue
+        try:
+            cast = pc.cast(pa.array([v]), to, safe=True)[0].as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            cast = None
+        if cast is None:
+            lost += 1
+        out.append(cast)
+    return pa.array(out, type=to), lost
+
+
+def ingest(
+    table: Table,
+    files: Sequence[str],
+    *,
+    force: bool = False,
+    max_categories: int = 50,
+    range_margin: float = 0.25,
+) -> Ingested:
+    """Append ``files`` (CSV / Parquet) to ``table`` as one commit, validated against the pinned schema.
+
+    The first ingest infers the schema from the files (unless the user already put one at
+    ``_vatra/schema.yaml``) and pins it. Every later ingest is validated lazily, all violations of
+    all files collected; any violation refuses the whole ingest (:class:`SchemaRefused`, nothing
+    written) unless ``force``, which accepts it and records the violations in the commit and in
+    ``_vatra/events.jsonl``.
+    """
+    dl = _deltalake()
+    pa = require("pyarrow", "tables", FEATURE)
+    from vatra.data.tables.schema import TableSchema, report_lines, summary_line
+
+    if not files:
+        raise ConfigError("vatra data ingest: name at least one CSV or Parquet file")
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise ConfigError(f"vatra data ingest: no such file: {missing[0]}")
+    batches = [read_file(f) for f in files]
+    records = [
+        {"name": Path(f).name, "sha256": _sha256(f), "rows": b.num_rows}
+        for f, b in zip(files, batches, strict=True)
+    ]
+    exists = table.exists()
+    schema = table.schema()
+    created = schema is None
+    if schema is None:
+        if exists:
+            raise ConfigError(
+                f"{table.uri}: a Delta table without a pinned schema ({META_DIR}/schema.yaml); "
+                f"pin one from its rows with: vatra data schema update {table.uri}"
+            )
+        schema = TableSchema.infer(concat(batches), max_categories=max_categories, range_margin=range_margin)
+    violations: list[Violation] = []
+    for f, b in zip(files, batches, strict=True):
+        found = schema.validate(b)
+        violations.extend(_in_file(v, f, len(files)) for v in found)
+    rows = sum(b.num_rows for b in batches)
+    if violations and not force:
+        raise SchemaRefused(
+            f"{summary_line(violations, rows)}; nothing was written. Fix the file(s), accept them with "
+            "--force, or change the schema with: vatra data schema update",
+            report_lines(violations),
+        )
+    data = concat(batches)
+    nulled: dict[str, int] = {}
+    if exists:
+        data, nulled = _conform(data, arrow_schema(table.open()))
+    lines = report_lines(violations)
+    meta = {
+        "files": records,
+        "rows": rows,
+        "schema_hash": schema.hash,
+        "forced": bool(violations),
+        "violations": lines,
+        "nulled": nulled,
+    }
+    if created:
+        table.pin_schema(schema)
+    try:
+        dl.write_deltalake(
+            table.uri,
+            data,
+            mode="append",
+            schema_mode="merge"
+            if exists and set(data.column_names) - set(arrow_schema(table.open()).names)
+            else None,
+            storage_options=table.delta_options or None,
+            commit_properties=dl.CommitProperties(custom_metadata={COMMIT_KEY: json.dumps(meta)}),
+        )
+    except (OSError, pa.ArrowInvalid, dl.exceptions.DeltaError) as err:
+        raise TableError(f"{table.uri}: the ingest was not committed: {_one_line(err)}") from None
+    version = table.latest()
+    if created:
+        table.log_event("schema_pinned", version=version, schema_hash=schema.hash, inferred=True)
+    if violations:
+        table.log_event(
+            "forced_ingest",
+            version=version,
+            files=[r["name"] for r in records],
+            violations=lines,
+            nulled=nulled,
+        )
+    return Ingested(version, rows, records, created, schema.hash, bool(violations), lines, nulled)
+
+
+def _in_file(v: Violation, path: str, n_files: int) -> Violation:
+    """The violation, naming its file when several were ingested together."""
+    if n_files == 1:
+        return v
+    from dataclasses import replace
+
+    return replace(v, check=f"{v.check} in {Path(path).name}")
+
+
+def concat(batches: list[pa.Table]) -> pa.Table:
+    pa = require("pyarrow", "tables", FEATURE)
+    try:
+        return pa.concat_tables(batches, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise ConfigError(f"vatra data ingest: the files' columns do not agree: {_one_line(err)}") from None
+
+
+# ---------------------------------------------------------------- history, snapshots, differences
+@dataclass(frozen=True)
+class VersionInfo:
+    version: int
+    time: float  # seconds since the epoch
+    operation: str
+    rows_added: int | None
+    rows: int | None  # rows in this version
+    ingest: dict[str, Any] | None  # the vatra.ingest record, when vatra made the commit
+
+
+def history(table: Table) -> list[VersionInfo]:
+    """Every version, oldest first, with its row count and what made it."""
+    pa = require("pyarrow", "tables", FEATURE)
+    dt = table.open()
+    out = []
+    for h in sorted(dt.history(), key=lambda h: int(h["version"])):
+        v = int(h["version"])
+        metrics = h.get("operationMetrics") or {}
+        record = h.get(COMMIT_KEY)
+        try:
+            snap = table.open(v)
+            rows: int | None = int(
+                pa.table(snap.get_add_actions(flatten=True)).column("num_records").to_numpy().sum()
+            )
+        except (VatraError, KeyError):
+            rows = None  # a version whose files were vacuumed
+        added = metrics.get("num_added_rows")
+        out.append(
+            VersionInfo(
+                v,
+                float(h.get("timestamp", 0)) / 1000.0,
+                str(h.get("operation", "")),
+                None if added is None else int(added),
+                rows,
+                json.loads(record) if isinstance(record, str) else None,
+            )
+        )
+    return out
+
+
+@dataclass
+class Snapshot:
+    version: int
+    rows: int
+    schema: pa.Schema
+    schema_hash: str | None
+    head: pa.Table
+
+
+def show(table: Table, version: int | None = None, limit: int = 10) -> Snapshot:
+    dt = table.open(version)
+    data = read_version(dt)
+    pinned = table.schema()
+    return Snapshot(
+        int(dt.version()), data.num_rows, data.schema, pinned.hash if pinned else None, data.slice(0, limit)
+    )
+
+
+@dataclass
+class ColumnChange:
+    column: str
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+
+@dataclass
+class Diff:
+    v1: int
+    v2: int
+    rows_v1: int
+    rows_v2: int
+    added: int
+    removed: int
+    columns_added: list[str]
+    columns_removed: list[str]
+    changes: list[ColumnChange]
+
+
+def _row_hashes(t: pa.Table) -> np.ndarray:
+    pd = require("pandas", "delta", FEATURE)
+    if t.num_rows == 0:
+        return np.zeros(0, dtype=np.uint64)
+    return np.asarray(pd.util.hash_pandas_object(t.to_pandas(), index=False).to_numpy(), dtype=np.uint64)
+
+
+def _multiset_minus(a: np.ndarray, b: np.ndarray) -> int:
+    """How many items of ``a`` are left after taking away ``b`` (both multisets of hashes)."""
+    ua, ca = np.unique(a, return_counts=True)
+    ub, cb = np.unique(b, return_counts=True)
+    _, ia, ib = np.intersect1d(ua, ub, return_indices=True)
+    left = ca.copy()
+    left[ia] = np.maximum(ca[ia] - cb[ib], 0)
+    return int(left.sum())
+
+
+def column_summary(col: Any) -> dict[str, Any]:
+    """Count, nulls, and mean/std/min/max (numbers) or distinct values and the top three (others)."""
+    pa = require("pyarrow", "tables", FEATURE)
+    import pyarrow.compute as pc
+
+    out: dict[str, Any] = {"rows": len(col), "nulls": col.null_count}
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        vals = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        vals = vals[~np.isnan(vals)]
+        if len(vals):
+            out.update(
+                mean=float(vals.mean()), std=float(vals.std()), min=float(vals.min()), max=float(vals.max())
+            )
+        return out
+    counts = pc.value_counts(col.drop_null() if hasattr(col, "drop_null") else col)
+    pairs = sorted(((c["counts"].as_py(), str(c["values"].as_py())) for c in counts), reverse=True)
+    out.update(distinct=len(pairs), top=[f"{v} ({n})" for n, v in pairs[:3]])
+    return out
+
+
+def diff(table: Table, v1: int, v2: int) -> Diff:
+    """Rows added and removed from ``v1`` to ``v2`` (exact: rows of rewritten files are matched by
+    content) and each column's summary at both versions."""
+    d1, d2 = table.open(v1), table.open(v2)
+    f1, f2 = set(file_order(d1)), set(file_order(d2))
+    only1 = read_version(d1, only=f1 - f2) if f1 - f2 else None
+    only2 = read_version(d2, only=f2 - f1) if f2 - f1 else None
+    h1 = _row_hashes(only1) if only1 is not None else np.zeros(0, dtype=np.uint64)
+    h2 = _row_hashes(only2) if only2 is not None else np.zeros(0, dtype=np.uint64)
+    t1, t2 = read_version(d1), read_version(d2)
+    changes = [
+        ColumnChange(c, column_summary(t1.column(c)), column_summary(t2.column(c)))
+        for c in t2.column_names
+        if c in t1.column_names
+    ]
+    return Diff(
+        int(d1.version()),
+        int(d2.version()),
+        t1.num_rows,
+        t2.num_rows,
+        _multiset_minus(h2, h1),
+        _multiset_minus(h1, h2),
+        [c for c in t2.column_names if c not in t1.column_names],
+        [c for c in t1.column_names if c not in t2.column_names],
+        changes,
+    )
+
+
+def added_rows(table: Table, since: int, version: int | None = None) -> tuple[pa.Table, int]:
+    """The rows in ``version`` (latest when None) that were not in ``since``: the files added after
+    it. (rows, the version read)."""
+    d_new = table.open(version)
+    d_old = table.open(since)
+    new_files = set(file_order(d_new)) - set(file_order(d_old))
+    if not new_files:
+        return arrow_schema(d_new).empty_table(), int(d_new.version())
+    return read_version(d_new, only=new_files), int(d_new.version())
