@@ -61,6 +61,19 @@ def test_table_data_without_pyarrow_names_the_tables_extra(
         build_dataset(cfg, 0)
 
 
+def test_delta_data_and_commands_without_deltalake_name_the_delta_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _hide(monkeypatch, "deltalake")
+    cfg = DataConfig(name="delta", path=str(tmp_path / "t"), target="y")
+    with pytest.raises(MissingExtra, match=r"needs the package 'deltalake', .*pip install 'vatra\[delta\]'"):
+        build_dataset(cfg, 0)
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "log", str(tmp_path / "t")])
+    assert exit_.value.code == 2
+    assert "pip install 'vatra[delta]'" in capsys.readouterr().err
+
+
 def test_an_s3_store_without_s3fs_names_the_s3_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from vatra.resilience.fsspec_backend import FsspecBackend
 

@@ -299,7 +299,8 @@ def drift(
     """Per column drift (PSI, KS, Wasserstein; chi², Jensen–Shannon) and unit changes between the
     reference version and the rows added since (or new files). Exit 1 when anything drifted."""
     from vatra.data.tables.delta import added_rows, concat, read_file, read_version
-    from vatra.data.tables.drift import compare, write_html
+    from vatra.data.tables.drift import compare
+    from vatra.data.tables.drift_html import write_html
 
     settings = _data_config(config)
     target = _table(table, config, option)
@@ -326,9 +327,8 @@ def drift(
     for c in report.columns:
         unit = "-"
         if c.unit is not None:
-            unit = f"{c.unit.name} in {c.unit.fraction:.1%}" + (
-                f" of {c.unit.source}" if c.unit.source else ""
-            )
+            unit = f"{c.unit.name}, {c.unit.fraction:.1%} of rows"
+            unit += f" ({c.unit.source})" if c.unit.source else ""
         out.add_row(
             c.column,
             c.kind,

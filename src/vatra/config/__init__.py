@@ -16,8 +16,8 @@ from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._resilience import CheckpointConfig, ErasureConfig, StoreConfig
 from vatra.config._sections import (
     DataConfig,
-    DriftConfig,
     DistConfig,
+    DriftConfig,
     ModelConfig,
     OptimConfig,
     RunConfig,
@@ -31,8 +31,8 @@ __all__ = [
     "CommConfig",
     "Config",
     "DataConfig",
-    "DriftConfig",
     "DistConfig",
+    "DriftConfig",
     "ErasureConfig",
     "FederatedConfig",
     "HealConfig",
