@@ -39,8 +39,8 @@ def test_overrides_apply_over_file(tmp_path: Path) -> None:
         ("train.steps=abc", "train.steps: Input should be a valid integer"),
         (
             "data.name=imagenet",
-            "data.name: unknown dataset 'imagenet'; choose one of: digits, images, npz, synthetic, table, "
-            "text, or an import string",
+            "data.name: unknown dataset 'imagenet'; choose one of: delta, digits, images, npz, synthetic, "
+            "table, text, or an import string",
         ),
         ("data.sharding=bogus", "data.sharding: Input should be 'random'"),
         ("train.steps=0", "train.steps: Input should be greater than or equal to 1"),

@@ -103,7 +103,7 @@ def test_datasets_are_deterministic(name: str) -> None:
 def test_unknown_dataset_is_a_config_error() -> None:
     cfg = DataConfig.model_construct(name="imagenet")
 
-    with pytest.raises(ConfigError, match="unknown dataset 'imagenet'; choose one of: digits, images"):
+    with pytest.raises(ConfigError, match="unknown dataset 'imagenet'; choose one of: delta, digits, images"):
         build_dataset(cfg, 0)
 
 
