@@ -29,7 +29,7 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q --durations=20
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=20
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

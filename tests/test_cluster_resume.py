@@ -24,6 +24,9 @@ from tests.test_comm_cluster import needs_netns
 from vatra.launch.cluster import SWITCH_ADDRESS
 from vatra.rundir import read_jsonl
 
+# The cluster tests share network-namespace names and the switch address: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("netns")
+
 MOTO = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
 PORT = 9000  # inside the switch namespace this test creates: no other process can hold it
 S3 = {"endpoint_url": f"http://{SWITCH_ADDRESS}:{PORT}", "key": "testing", "secret": "testing"}

@@ -14,6 +14,9 @@ from tests.conftest import run_vatra
 from vatra.launch.cluster import Cluster, parse_bandwidth
 from vatra.rundir import read_jsonl
 
+# The cluster tests share network-namespace names and the switch address: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("netns")
+
 
 def _netns_usable() -> bool:
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
