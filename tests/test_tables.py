@@ -251,11 +251,16 @@ def test_drift_check_refuses_a_unit_change_and_allow_drift_trains_with_the_alarm
     events = [json.loads(x) for x in (tmp_path / "refused" / "events.jsonl").read_text().splitlines()]
     alarms = [e for e in events if e["event"] == "drift_alarm"]
     assert [a["column"] for a in alarms] == ["load"] and alarms[0]["unit"]["factor"] == pytest.approx(10)
+    with pytest.raises(ConfigError, match="load"):  # a restart into the same folder is refused again
+        vatra.fit(tmp_path / "refused" / "config.toml", run_dir=tmp_path / "refused")
     cfg = delta_config(tmp_path / "run2.toml", table, drift_check=True, allow_drift=True)
     done = vatra.fit(cfg, run_dir=tmp_path / "allowed")
     assert done.summary["data"]["version"] == 1
     events = [json.loads(x) for x in (tmp_path / "allowed" / "events.jsonl").read_text().splitlines()]
     assert any(e["event"] == "drift_alarm" and e["allowed"] for e in events)
+    vatra.fit(tmp_path / "allowed" / "config.toml", run_dir=tmp_path / "allowed")  # resumed: not again
+    events = [json.loads(x) for x in (tmp_path / "allowed" / "events.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "drift_checked" for e in events) == 1
 
 
 def test_s3_table_ingest_and_train(s3_server: dict, tmp_path: Path, capsys) -> None:

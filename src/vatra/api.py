@@ -94,6 +94,17 @@ def _on_rank0(ctx: DistContext, compute: Any) -> Any:
     )
 
 
+def _drift_checked(rd: RunDir) -> bool:
+    """Whether this run folder's data already passed ``data.drift_check``: a resumed run reads the
+    same pinned version, so it is not checked (and its alarms logged) again. A refused check
+    counts for nothing: a restart must be refused again."""
+    from vatra.rundir import read_jsonl
+
+    if not rd.events.exists():
+        return False
+    return any(e.get("event") == "drift_checked" and not e.get("refused") for e in read_jsonl(rd.events))
+
+
 def _pin_table(cfg: Config, ctx: DistContext) -> Config:
     """A Delta table source read at one version on every rank: rank 0 resolves the latest, so the
     run folder's config.toml and every rank name the same one."""
@@ -149,7 +160,7 @@ def fit(
         if train is None and cfg.data.name == "delta":
             cfg = _pin_table(cfg, ctx)
         rd = resolve_run_dir(cfg, ctx, run_dir or os.environ.get(RUN_DIR_ENV))
-        if train is None and cfg.data.name == "delta" and cfg.data.drift_check:
+        if train is None and cfg.data.name == "delta" and cfg.data.drift_check and not _drift_checked(rd):
             from vatra.data.tables.source import check_drift
 
             _on_rank0(ctx, lambda: check_drift(cfg.data, rd.log_event))

@@ -119,7 +119,7 @@ def check_drift(cfg: DataConfig, log_event: Callable[..., None]) -> None:
         return
     report, reference, rows = drift_report(cfg)
     if report is None:
-        log_event("drift_checked", reference=reference, rows=rows, drifted=[])
+        log_event("drift_checked", reference=reference, rows=rows, drifted=[], refused=False)
         return
     for col in report.columns:
         if col.drifted or col.unit is not None:
@@ -136,8 +136,9 @@ def check_drift(cfg: DataConfig, log_event: Callable[..., None]) -> None:
                 reference=reference,
                 allowed=cfg.allow_drift,
             )
-    log_event("drift_checked", reference=reference, rows=rows, drifted=report.drifted)
-    if report.drifted and not cfg.allow_drift:
+    refused = bool(report.drifted) and not cfg.allow_drift
+    log_event("drift_checked", reference=reference, rows=rows, drifted=report.drifted, refused=refused)
+    if refused:
         raise DriftRefused(
             f"data.drift_check: the {rows} rows added since version {reference} drifted: "
             f"{report.summary_line()}; see vatra data drift {cfg.path} --against {reference}, "
