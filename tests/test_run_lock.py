@@ -80,9 +80,10 @@ def _is_locked(run: Path) -> bool:
 
 
 def test_a_second_writer_is_refused_while_the_first_runs(tmp_path: Path) -> None:
-    # Prepare: a first `vatra train` that runs a few seconds past its start (a slow rank 0)
+    # Prepare: a first `vatra train` that runs ~12 s past its start (a slow rank 0): longer than the
+    # second one needs to start on a loaded 2-core machine (3 s was not, under two xdist workers)
     run = tmp_path / "run"
-    slow = ["--set", "train.steps=30", "--set", "chaos.slow_rank=0", "--set", "chaos.slow_rank_s=0.1"]
+    slow = ["--set", "train.steps=30", "--set", "chaos.slow_rank=0", "--set", "chaos.slow_rank_s=0.4"]
     first = _train(run, *slow)
     _wait_for("the lock record", lambda: _holder_pid(run) == first.pid, first)
     # Execute: a second one on the same folder, asking for something else
