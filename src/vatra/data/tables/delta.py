@@ -189,10 +189,6 @@ class Table:
         old = self.read_meta("events.jsonl") or ""
         self.write_meta("events.jsonl", old + line + "\n")
 
-    def events(self) -> list[dict[str, Any]]:
-        text = self.read_meta("events.jsonl") or ""
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-
     def schema(self) -> TableSchema | None:
         """The pinned schema, or None when the table has none yet."""
         text = self.read_meta(SCHEMA_FILE)
@@ -400,8 +396,11 @@ def ingest(
         )
     data = concat(batches)
     nulled: dict[str, int] = {}
+    extra = False  # columns the table lacks: the commit merges them into its schema
     if exists:
-        data, nulled = _conform(data, arrow_schema(table.open()))
+        current = arrow_schema(table.open())
+        data, nulled = _conform(data, current)
+        extra = bool(set(data.column_names) - set(current.names))
     lines = report_lines(violations)
     meta = {
         "files": records,
@@ -418,9 +417,7 @@ def ingest(
             table.uri,
             data,
             mode="append",
-            schema_mode="merge"
-            if exists and set(data.column_names) - set(arrow_schema(table.open()).names)
-            else None,
+            schema_mode="merge" if extra else None,
             storage_options=table.delta_options or None,
             commit_properties=dl.CommitProperties(custom_metadata={COMMIT_KEY: json.dumps(meta)}),
         )
