@@ -24,6 +24,7 @@ from vatra.config._sections import (
     Section,
     TrainConfig,
 )
+from vatra.config._tune import ParamConfig, TuneConfig
 
 __all__ = [
     "ChaosConfig",
@@ -39,6 +40,7 @@ __all__ = [
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
+    "ParamConfig",
     "PartitionConfig",
     "PrivacyConfig",
     "RunConfig",
@@ -46,6 +48,7 @@ __all__ = [
     "SecureAggregationConfig",
     "StoreConfig",
     "TrainConfig",
+    "TuneConfig",
     "apply_overrides",
     "config_from_dict",
     "dump_toml",

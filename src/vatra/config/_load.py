@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ from vatra.config._sections import (
     Section,
     TrainConfig,
 )
+from vatra.config._tune import TuneConfig
 from vatra.errors import ConfigError, VatraError
 from vatra.registry import POLICIES, add_import_paths
 
@@ -57,6 +59,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
+    tune: TuneConfig = Field(default_factory=TuneConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:
@@ -98,6 +101,11 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
         table = said.get(section)
         return sorted(table) if isinstance(table, dict) else []
 
+    if written("tune"):
+        raise ConfigError(
+            f"{', '.join(f'tune.{k}' for k in written('tune'))}: a {run} run reads no [tune] keys (they "
+            "describe a study over runs); run 'vatra tune CONFIG', or remove the [tune] section"
+        )
     if run == "federated":
         ignored = [f"{name}.{key}" for name in ("checkpoint", "store") for key in written(name)]
         if ignored:
@@ -158,11 +166,19 @@ def _format_error(err: ValidationError) -> str:
     loc = ".".join(str(p) for p in first["loc"])
     if first["type"] == "extra_forbidden":
         model: type[Section] = Config
-        for part in first["loc"][:-1]:
+        parts = iter(first["loc"][:-1])
+        for part in parts:
             field = model.model_fields.get(str(part))
-            if field is None or not isinstance(field.annotation, type):
+            if field is None:
                 break
-            model = field.annotation
+            annotation = field.annotation
+            if typing.get_origin(annotation) is dict:  # a table of named sections ([tune.space."k"])
+                annotation = typing.get_args(annotation)[1]
+                if next(parts, None) is None:
+                    break
+            if not isinstance(annotation, type):
+                break
+            model = annotation
         allowed = ", ".join(sorted(model.model_fields))
         msg = f"{loc}: unknown key; allowed keys here: {allowed}"
     elif not loc:  # a check across sections: its message names the keys
@@ -257,5 +273,10 @@ def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:
 
 
 def dump_toml(cfg: Config) -> str:
-    """The resolved config as TOML (None values are left out: TOML has no null)."""
-    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))
+    """The resolved config as TOML (None values are left out: TOML has no null). ``[tune]`` only
+    when it describes a study, so a run's resolved config has none and reloads as a run."""
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True, exclude=_no_study(cfg)))
+
+
+def _no_study(cfg: Config) -> set[str]:
+    return {"tune"} if cfg.tune.is_default() else set()

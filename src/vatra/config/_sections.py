@@ -220,6 +220,13 @@ class ModelConfig(Section):
     )
     kwargs: dict[str, Any] = Field({}, description="Keyword arguments for an import-string model builder.")
     hidden: list[int] = Field([128, 128], description="mlp: hidden layer widths.")
+    width: int | None = Field(
+        None, ge=1, description="mlp: every hidden layer this wide (overrides hidden's widths; for searches)."
+    )
+    depth: int | None = Field(
+        None, ge=1, description="mlp: this many hidden layers (overrides len(hidden); for searches)."
+    )
+    activation: Literal["relu", "tanh", "gelu"] = Field("relu", description="mlp: hidden activation.")
     embedding_dim: int = Field(8, ge=1, description="mlp: width of each categorical feature's embedding.")
     channels: list[int] = Field([16, 32], description="cnn: conv channel widths.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout probability.")

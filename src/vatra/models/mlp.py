@@ -12,9 +12,20 @@ from vatra.config import ModelConfig
 from vatra.data import DatasetSpec
 from vatra.errors import ConfigError
 
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+def hidden_widths(cfg: ModelConfig) -> list[int]:
+    """``model.hidden``, unless ``model.width`` / ``model.depth`` set a uniform stack (what a search
+    varies: one width and one depth instead of a list)."""
+    if cfg.width is None and cfg.depth is None:
+        return cfg.hidden
+    width = cfg.width if cfg.width is not None else (cfg.hidden[0] if cfg.hidden else 128)
+    return [width] * (cfg.depth if cfg.depth is not None else len(cfg.hidden))
+
 
 class MLP(nn.Module):
-    """Linear + ReLU (+ Dropout) per hidden width, then a linear head (or a dict of heads).
+    """Linear + activation (+ Dropout) per hidden width, then a linear head (or a dict of heads).
 
     The trailing ``len(input_shape)`` dimensions of ``x`` are flattened, so a batch of images
     (B, C, H, W) and a batch of ranking lists (B, L, F) both work: a list's items are scored one by
@@ -32,6 +43,7 @@ class MLP(nn.Module):
         input_dims: int = 1,
         categorical: Mapping[str, int] | None = None,
         embedding_dim: int = 8,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         self.input_dims = input_dims
@@ -39,7 +51,7 @@ class MLP(nn.Module):
         width = in_features + embedding_dim * len(self.embeddings)
         layers: list[nn.Module] = []
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
+            layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
             width = h
@@ -93,10 +105,11 @@ def build_mlp(cfg: ModelConfig, spec: DatasetSpec, heads: Mapping[str, int] | No
             )
     return MLP(
         math.prod(spec.input_shape),
-        cfg.hidden,
+        hidden_widths(cfg),
         out,
         cfg.dropout,
         input_dims=len(spec.input_shape),
         categorical=spec.categorical,
         embedding_dim=cfg.embedding_dim,
+        activation=cfg.activation,
     )
