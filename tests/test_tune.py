@@ -167,6 +167,9 @@ def test_study_end_to_end_with_two_workers(
 
     best = tmp_path / "best.toml"
     main(["tune", "best", str(folder), "--config-out", str(best)])
+    head = best.read_text().splitlines()[:2]
+    assert head[0].startswith(f"# trial {data['best']['number']} of study st: val_accuracy")
+    assert "torch thread(s): OMP_NUM_THREADS=" in head[1]  # what repeats the trial exactly
     cfg = load_config(best, run="train")  # a plain run's config: no [tune]
     assert cfg.optim.lr == pytest.approx(data["best"]["params"]["optim.lr"])
     assert cfg.optim.name == data["best"]["params"]["optim.name"]

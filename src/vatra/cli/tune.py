@@ -166,15 +166,23 @@ def _show(given: str, top: int, _out: Path | None) -> None:
     table = Table(
         title=f"study {data['study']}: best {len(rows)} by {data['objective']} ({data['direction']})"
     )
-    for col in ("trial", data["objective"], "time (s)", *names):
+    header = ["trial", data["objective"], "time (s)", *names]
+    body = [
+        [str(t["number"]), f"{t['value']:.4g}", f"{t['duration_s'] or 0:.1f}"]
+        + [_cell(t["params"].get(n)) for n in names]
+        for t in rows
+    ]
+    for col in header:
         table.add_column(col)
-    for t in rows:
-        cells = [str(t["number"]), f"{t['value']:.4g}", f"{t['duration_s'] or 0:.1f}"]
-        table.add_row(*cells, *(_cell(t["params"].get(n)) for n in names))
+    for cells in body:
+        table.add_row(*cells)
     states: dict[str, int] = {}
     for t in data["trials"]:
         states[t["state"]] = states.get(t["state"], 0) + 1
     console = Console()
+    # wide enough for every column whole (a narrow terminal or a pipe would cut values to "0.9…")
+    widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
+    console.width = max(console.width, sum(widths) + 3 * len(widths) + 1)
     console.print(table)
     console.print(", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) + f" · {folder}")
 
@@ -198,7 +206,11 @@ def _write_best(given: str, _top: int, out: Path | None) -> None:
     if base.tune.epochs:  # the trial's steps came from its batch size: train as long as it did
         ran = _trial_config(best[0])
         raw["train"] |= {"steps": ran.train.steps, "eval_every": ran.train.eval_every}
-    out.write_text(dump_toml(config_from_dict(raw)))
+    threads = best[0].get("threads")
+    head = f"# trial {best[0]['number']} of study {data['study']}: {data['objective']} {best[0]['value']:.6g}"
+    if threads:  # float sums depend on the thread count: the same count repeats the trial exactly
+        head += f"\n# trained with {threads} torch thread(s): OMP_NUM_THREADS={threads} vatra train {out}"
+    out.write_text(head + "\n" + dump_toml(config_from_dict(raw)))
     print(
         f"vatra: trial {best[0]['number']} ({data['objective']} {best[0]['value']:.4g}) → {out}", flush=True
     )

@@ -35,6 +35,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
                 "started_at": t.datetime_start.timestamp() if t.datetime_start is not None else None,
                 "completed_at": t.datetime_complete.timestamp() if t.datetime_complete is not None else None,
                 "run_dir": t.user_attrs.get("run_dir"),
+                "threads": (t.user_attrs.get("worker") or {}).get("threads"),
                 "error": t.user_attrs.get("error"),
                 "retry_of": t.user_attrs.get("retry_of"),
                 "last_step": steps[-1] if steps else None,

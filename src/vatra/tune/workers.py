@@ -115,7 +115,11 @@ def run_trial(
 
     tune = cfg.tune
     run_dir = RunDir(folder / f"trial-{trial.number}").create()
-    trial.set_user_attr("worker", worker_identity())  # one storage write (each is an fsync on a journal)
+    import torch
+
+    # one storage write (each is an fsync on a journal); the thread count is what a rerun needs to
+    # repeat the trial exactly (float sums depend on it)
+    trial.set_user_attr("worker", worker_identity() | {"threads": torch.get_num_threads()})
     trial.set_user_attr("run_dir", str(run_dir.path))
     base = cfg.model_dump(mode="json", exclude_none=True)
     try:
