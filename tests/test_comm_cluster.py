@@ -76,5 +76,44 @@ def test_cluster_usage_errors() -> None:
     bad = run_vatra("cluster", "up", "--bandwidth", "fast")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --bandwidth 'fast'")
     assert "Traceback" not in bad.stderr
+    negative = run_vatra("cluster", "up", "--latency-ms", "-5")
+    assert negative.returncode == 2 and negative.stderr.startswith("error: --latency-ms -5: must be between")
     missing = run_vatra("cluster", "run", "--name", "nosuch", "--", "vatra", "train", "x.toml")
     assert missing.returncode != 0 and missing.stderr.count("\n") == 1 and "error:" in missing.stderr
+
+
+def _has_netem() -> bool:
+    probe = f"vnetem{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode:
+        return False
+    try:
+        cmd = ["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+@needs_netns
+def test_latency_is_added_with_netem_or_refused_in_one_line() -> None:
+    name = f"l{os.getpid() % 100000}"
+    up = run_vatra("cluster", "up", "--name", name, "--hosts", "2", "--latency-ms", "40")
+    try:
+        if not _has_netem():  # this machine: refused before anything is built, nothing left behind
+            assert up.returncode != 0 and up.stderr.count("\n") == 1, up.stderr
+            assert up.stderr.startswith("error: --latency-ms 40: this kernel has no netem qdisc")
+            assert "only bandwidth is shaped" in up.stderr and "Traceback" not in up.stderr
+            assert not [n for n in _namespaces() if n.startswith(f"{name}-")]
+            return
+        # a kernel with netem: a round trip between two hosts takes twice the one-way latency
+        assert up.returncode == 0, up.stderr
+        hosts = Cluster.load(name).hosts
+        ping = subprocess.run(
+            ["ip", "netns", "exec", hosts[0].netns, "ping", "-c", "3", "-q", hosts[1].address],
+            capture_output=True,
+            text=True,
+        )
+        rtt_avg = float(ping.stdout.rsplit("=", 1)[1].split("/")[1])
+        assert 78 <= rtt_avg <= 200, ping.stdout
+    finally:
+        run_vatra("cluster", "down", "--name", name)
+    assert not [n for n in _namespaces() if n.startswith(f"{name}-")]

@@ -23,13 +23,19 @@ def cluster_up(
     hosts: int = typer.Option(2, "--hosts", help="Number of hosts (network namespaces)."),
     bandwidth: str = typer.Option("100mbit", "--bandwidth", help="Each host's link rate, both ways."),
     procs_per_host: int = typer.Option(1, "--procs-per-host", help="Worker processes per host for run."),
+    latency_ms: float = typer.Option(
+        0.0, "--latency-ms", help="One-way host-to-host latency (netem; refused where the kernel lacks it)."
+    ),
     name: str = NAME,
 ) -> None:
     """Create the hosts, the switch and shaped links."""
-    spec = ClusterSpec(name=name, hosts=hosts, bandwidth=bandwidth, procs_per_host=procs_per_host)
+    spec = ClusterSpec(
+        name=name, hosts=hosts, bandwidth=bandwidth, procs_per_host=procs_per_host, latency_ms=latency_ms
+    )
     cluster = Cluster.up(spec)
     addrs = ", ".join(f"{h.netns}={h.address}" for h in cluster.hosts)
-    print(f"cluster {name!r} up: {hosts} hosts × {procs_per_host} procs at {bandwidth} ({addrs})")
+    delay = f", {latency_ms:g} ms one way" if latency_ms else ""
+    print(f"cluster {name!r} up: {hosts} hosts × {procs_per_host} procs at {bandwidth}{delay} ({addrs})")
 
 
 @cluster_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -7,7 +7,9 @@ Layout for ``--hosts N`` (nothing is added to the machine's own namespace)::
     <name>-hI   host I: lo and eth0 (10.213.0.(I+1)/24), whose peer pI sits on the bridge
 
 Each link is shaped with ``tc tbf`` on both ends (tbf shapes egress only), so each host sends and
-receives at ``--bandwidth``. netem is not in this kernel: bandwidth is shaped, latency is not added.
+receives at ``--bandwidth``. ``--latency-ms L`` adds a netem delay of L/2 on both ends of every link
+(host to host one way: L, a round trip: 2L) with tbf beneath it; a kernel without netem (these
+machines) refuses it with one line before anything is built.
 ``run`` starts one command per host inside its namespace with ``GLOO_SOCKET_IFNAME=eth0``; for
 ``vatra train`` it adds the multi-node flags (c10d rendezvous on host 0, node rank, local address).
 Hosts share the machine's filesystem unless ``run(private=[folder])`` gives each host its own copy
@@ -68,6 +70,7 @@ class ClusterSpec:
     hosts: int = 2
     bandwidth: str = "100mbit"
     procs_per_host: int = 1
+    latency_ms: float = 0.0  # one way, host to host; half on each end of a link
 
     def validate(self) -> None:
         if not _NAME.match(self.name):
@@ -76,7 +79,32 @@ class ClusterSpec:
             raise ConfigError(f"--hosts {self.hosts}: must be between 1 and 64")
         if self.procs_per_host < 1:
             raise ConfigError(f"--procs-per-host {self.procs_per_host}: must be ≥ 1")
+        if not 0 <= self.latency_ms <= 10_000:
+            raise ConfigError(f"--latency-ms {self.latency_ms:g}: must be between 0 and 10000")
         parse_bandwidth(self.bandwidth)
+
+
+def _check_netem(name: str, latency_ms: float) -> None:
+    """Refuse ``--latency-ms`` on a kernel without the netem qdisc, in one line, before building."""
+    probe = f"{name}-probe"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    _sh("ip", "netns", "add", probe)
+    try:
+        _sh("ip", "-n", probe, "link", "set", "lo", "up")
+        proc = subprocess.run(
+            ["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if proc.returncode:
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[0]
+        raise ClusterError(
+            f"--latency-ms {latency_ms:g}: this kernel has no netem qdisc (tc: {said}), so latency "
+            "cannot be added here; only bandwidth is shaped (tbf). Drop --latency-ms, or use a "
+            "kernel with sch_netem"
+        )
 
 
 def _check_privileges() -> None:
@@ -120,6 +148,8 @@ class Cluster:
         _check_privileges()
         if cls.state_file(spec.name).exists() or any(n.startswith(f"{spec.name}-") for n in _netns_list()):
             raise ClusterError(f"cluster {spec.name!r} is already up; run 'vatra cluster down' first")
+        if spec.latency_ms:
+            _check_netem(spec.name, spec.latency_ms)
         cluster = cls(spec)
         try:
             cluster._build()
@@ -151,8 +181,17 @@ class Cluster:
             _sh("ip", "-n", sw, "link", "set", port, "up")
             _sh("ip", "-n", h.netns, "addr", "add", f"{h.address}/24", "dev", IFNAME)
             _sh("ip", "-n", h.netns, "link", "set", IFNAME, "up")
-            _sh("tc", "-n", h.netns, "qdisc", "add", "dev", IFNAME, *shape)  # host → switch
-            _sh("tc", "-n", sw, "qdisc", "add", "dev", port, *shape)  # switch → host
+            for ns, dev in ((h.netns, IFNAME), (sw, port)):  # host → switch, switch → host
+                self._shape(ns, dev, shape)
+
+    def _shape(self, netns: str, dev: str, tbf: list[str]) -> None:
+        """tbf at the root; with a latency, netem's delay at the root and tbf beneath it."""
+        if not self.spec.latency_ms:
+            _sh("tc", "-n", netns, "qdisc", "add", "dev", dev, *tbf)
+            return
+        delay = f"{self.spec.latency_ms / 2:g}ms"
+        _sh("tc", "-n", netns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", delay)
+        _sh("tc", "-n", netns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf[1:])
 
     @classmethod
     def load(cls, name: str = "vatra") -> Cluster:
