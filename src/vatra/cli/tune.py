@@ -158,7 +158,7 @@ def _show(given: str, top: int, _out: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from vatra.tune.report import find_study, ranked
+    from vatra.tune.report import find_study, ranked, state_counts
 
     folder, data = find_study(given)
     rows = ranked(data)[:top]
@@ -176,15 +176,12 @@ def _show(given: str, top: int, _out: Path | None) -> None:
         table.add_column(col)
     for cells in body:
         table.add_row(*cells)
-    states: dict[str, int] = {}
-    for t in data["trials"]:
-        states[t["state"]] = states.get(t["state"], 0) + 1
     console = Console()
     # wide enough for every column whole (a narrow terminal or a pipe would cut values to "0.9…")
     widths = [max(len(c) for c in column) for column in zip(header, *body, strict=True)]
     console.width = max(console.width, sum(widths) + 3 * len(widths) + 1)
     console.print(table)
-    console.print(", ".join(f"{v} {k.lower()}" for k, v in sorted(states.items())) + f" · {folder}")
+    console.print(", ".join(f"{v} {k.lower()}" for k, v in state_counts(data).items()) + f" · {folder}")
 
 
 def _cell(v: Any) -> str:

@@ -8,6 +8,7 @@ import json
 import math
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +64,8 @@ def write_study_json(study: optuna.Study, run: Study) -> Path:
     from vatra.tune.study import redact
 
     rows = trial_rows(study)
-    done = [r for r in rows if r["state"] == "COMPLETE"]
-    best = None
-    if done:
-        pick = max if run.cfg.tune.direction == "maximize" else min
-        best = pick(done, key=lambda r: r["value"])
+    done = ranked({"trials": rows, "direction": run.cfg.tune.direction})
+    best = done[0] if done else None
     payload = {
         "study": run.name,
         "objective": run.cfg.tune.objective,
@@ -100,6 +98,11 @@ def ranked(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Complete trials, best first."""
     done = [t for t in data["trials"] if t["state"] == "COMPLETE" and t["value"] is not None]
     return sorted(done, key=lambda t: t["value"], reverse=data["direction"] == "maximize")
+
+
+def state_counts(data: dict[str, Any]) -> dict[str, int]:
+    """How many trials of study.json are in each state, by state name."""
+    return dict(sorted(Counter(t["state"] for t in data["trials"]).items()))
 
 
 def _history(data: dict[str, Any]) -> str:
@@ -224,10 +227,7 @@ def write_report(folder: Path) -> Path:
     events = read_jsonl(folder / "events.jsonl") if (folder / "events.jsonl").is_file() else []
     images = [img for img in (_history(data), _importances(data), _regions(events)) if img]
     curves = _best_curves(data["best"])
-    states: dict[str, int] = {}
-    for t in data["trials"]:
-        states[t["state"]] = states.get(t["state"], 0) + 1
-    cards: list[tuple[str, object]] = [("trials", len(data["trials"])), *sorted(states.items())]
+    cards: list[tuple[str, object]] = [("trials", len(data["trials"])), *state_counts(data).items()]
     if data["best"]:
         cards.insert(0, (f"best {data['objective']}", _fmt(data["best"]["value"])))
     card_html = "".join(

@@ -121,9 +121,8 @@ def check_space(cfg: Config, base: dict[str, Any]) -> list[str]:
             except ConfigError as err:
                 raise ConfigError(f"tune.space.{name!r}: the value {value!r} is rejected: {err}") from None
         for dep, want in p.when.items():
-            wanted = want if isinstance(want, list) else [want]
             reachable = _probes(space[dep]) if space[dep].type == "categorical" else None
-            if reachable is not None and not any(w in reachable for w in wanted):
+            if reachable is not None and not any(w in reachable for w in _wanted(want)):
                 raise ConfigError(
                     f"tune.space.{name!r}.when: {dep} never takes {want!r} (its choices: {reachable})"
                 )
@@ -132,13 +131,12 @@ def check_space(cfg: Config, base: dict[str, Any]) -> list[str]:
 
 def active(p: ParamConfig, params: Mapping[str, Any]) -> bool:
     """Whether a conditional parameter applies, given the values suggested before it."""
-    for dep, want in p.when.items():
-        if dep not in params:
-            return False
-        wanted = want if isinstance(want, list) else [want]
-        if params[dep] not in wanted:
-            return False
-    return True
+    return all(dep in params and params[dep] in _wanted(want) for dep, want in p.when.items())
+
+
+def _wanted(want: Any) -> list[Any]:
+    """A ``when`` value: one value, or a list of the values it accepts."""
+    return want if isinstance(want, list) else [want]
 
 
 def suggest(trial: optuna.Trial, space: Mapping[str, ParamConfig], names: list[str]) -> dict[str, Any]:

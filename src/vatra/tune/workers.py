@@ -108,9 +108,17 @@ def train_ranks(cfg: Config, run_dir: RunDir, trial: optuna.Trial, url: str, stu
 
 
 def run_trial(
-    study: optuna.Study, trial: optuna.Trial, cfg: Config, folder: Path, cache: DataCache, url: str
+    study: optuna.Study,
+    trial: optuna.Trial,
+    cfg: Config,
+    base: dict[str, Any],
+    names: list[str],
+    folder: Path,
+    cache: DataCache,
+    url: str,
 ) -> None:
-    """Suggest, train, tell. A run that raises is told FAIL with its error and the loop goes on."""
+    """Suggest (``names``: the space in suggestion order), apply to ``base`` (``cfg`` as raw data),
+    train, tell. A run that raises is told FAIL with its error and the loop goes on."""
     from optuna.trial import TrialState
 
     tune = cfg.tune
@@ -121,9 +129,8 @@ def run_trial(
     # repeat the trial exactly (float sums depend on it)
     trial.set_user_attr("worker", worker_identity() | {"threads": torch.get_num_threads()})
     trial.set_user_attr("run_dir", str(run_dir.path))
-    base = cfg.model_dump(mode="json", exclude_none=True)
     try:
-        params = suggest(trial, tune.space, order(tune.space))
+        params = suggest(trial, tune.space, names)
         trial_cfg = config_from_dict(apply(base, params))
         if tune.epochs:  # the steps follow the batch size this trial drew (the data is cached)
             trial_cfg = by_epochs(trial_cfg, len(cache.get(trial_cfg).train))  # type: ignore[arg-type]
@@ -177,6 +184,7 @@ def serve(
         pruner=make_pruner(cfg),
     )
     cache = DataCache(folder)
+    base, names = cfg.model_dump(mode="json", exclude_none=True), order(tune.space)
     warm = False
     while True:
         if deadline and time.time() >= deadline:
@@ -199,7 +207,7 @@ def serve(
             trial = study.ask()
         heartbeat = _heartbeat(study, trial)
         try:
-            run_trial(study, trial, cfg, folder, cache, url)
+            run_trial(study, trial, cfg, base, names, folder, cache, url)
         finally:
             heartbeat.join()
 
