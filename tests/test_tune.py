@@ -173,6 +173,11 @@ def test_study_end_to_end_with_two_workers(
     cfg = load_config(best, run="train")  # a plain run's config: no [tune]
     assert cfg.optim.lr == pytest.approx(data["best"]["params"]["optim.lr"])
     assert cfg.optim.name == data["best"]["params"]["optim.name"]
+    # with the worker's thread count (1, as set above) the best config repeats the trial exactly
+    rerun = run_vatra("train", str(best), "--run-dir", str(tmp_path / "rerun"), "--set", "run.progress=off")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    summary = json.loads((tmp_path / "rerun" / "summary.json").read_text())
+    assert summary["val_accuracy"] == data["best"]["value"]
 
 
 def test_killed_study_resumes_without_duplicate_trials(
@@ -318,3 +323,44 @@ def test_a_trial_can_be_a_two_rank_run(tmp_path: Path, monkeypatch: pytest.Monke
     assert trial["state"] == "COMPLETE" and summary["world_size"] == 2
     assert trial["value"] == pytest.approx(summary["val_accuracy"])
     assert [step for step, _ in trial["intermediate"]] == [5, 10, 15, 20]
+
+
+@pytest.mark.parametrize(
+    ("args", "sets", "expect"),
+    [
+        (["--workers", "0"], [], "--workers 0: must be ≥ 1"),
+        (["--join", "nosuch"], [], "--join nosuch: no such study"),
+        ([], ["tune.storage=ftp://x"], "tune.storage 'ftp://x': expected ''"),
+        ([], ["tune.pruner=median", "tune.epochs=1"], "tune.epochs = 1 ends them there"),
+        ([], ["tune.pruner=median", "train.eval_every=0"], "set train.eval_every below train.steps"),
+        ([], ["tune.pruner_warmup=1.5"], "tune.pruner_warmup"),
+        ([], ["tune.sampler=cmaes"], "tune.sampler"),
+    ],
+)
+def test_bad_study_options_are_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], sets: list[str], expect: str
+) -> None:
+    path = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", str(path), *args, *(x for s in sets for x in ("--set", s))])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert expect in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["tune", "show"], "vatra tune show STUDY: name the study"),
+        (["tune", "show", "nosuch"], "study 'nosuch': no study.json"),
+        (["tune", "best", "nosuch"], "pass --config-out best.toml"),
+    ],
+)
+def test_show_and_best_usage_errors_are_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expect: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert expect in err, err
