@@ -20,12 +20,24 @@ MODEL = ["--set", "model.name=mlp", "--set", "model.hidden=[2048,2048,512]"]
 QUIET = ["--set", "run.progress=off", "--set", "run.tensorboard=false"]
 
 
-def train_on_cluster(cluster: Cluster, run_dir: Path, sets: list[str], timeout: float) -> dict[str, Any]:
+def _argv(run_dir: Path, sets: list[str], torch_hook: str | None) -> list[str]:
+    """``vatra train`` on the synthetic example with the benchmark model, or with ``torch_hook`` the
+    same run through bench/_torch_hooks.py (one of torch's own DDP hooks) under ``vatra run``."""
+    overrides = MODEL + QUIET + [a for s in sets for a in ("--set", s)]
+    example = str(ROOT / "examples/synthetic.toml")
+    if torch_hook is None:
+        return ["vatra", "train", example, "--run-dir", str(run_dir), *overrides]
+    script = str(ROOT / "bench/_torch_hooks.py")
+    return ["vatra", "run", script, "--run-dir", str(run_dir), "--", torch_hook, example, *overrides]
+
+
+def train_on_cluster(
+    cluster: Cluster, run_dir: Path, sets: list[str], timeout: float, torch_hook: str | None = None
+) -> dict[str, Any]:
     """One ``vatra train`` across the cluster; metrics of rank 0 plus each host's link counters."""
     before = cluster.link_bytes()
     t0 = time.perf_counter()
-    argv = ["vatra", "train", str(ROOT / "examples/synthetic.toml"), "--run-dir", str(run_dir)]
-    argv += MODEL + QUIET + [a for s in sets for a in ("--set", s)]
+    argv = _argv(run_dir, sets, torch_hook)
     code = cluster.run(argv, timeout=timeout, log=run_dir.parent / f"{run_dir.name}.log")
     wall = time.perf_counter() - t0
     after = cluster.link_bytes()
@@ -37,14 +49,16 @@ def train_on_cluster(cluster: Cluster, run_dir: Path, sets: list[str], timeout: 
     return {"metrics": metrics, "summary": summary, "wall_s": wall, "link_tx_bytes": tx}
 
 
-def train_local(nproc: int, run_dir: Path, sets: list[str], timeout: float) -> dict[str, Any]:
+def train_local(
+    nproc: int, run_dir: Path, sets: list[str], timeout: float, torch_hook: str | None = None
+) -> dict[str, Any]:
     """The same ``vatra train`` on ``nproc`` local processes, unshaped loopback: the same arithmetic as
     on the cluster (same seed, data shards and collectives), so accuracy figures carry over; times and
     link bytes do not (no link counters here)."""
     t0 = time.perf_counter()
-    argv = [sys.executable, "-m", "vatra", "train", str(ROOT / "examples/synthetic.toml")]
-    argv += ["--nproc", str(nproc), "--run-dir", str(run_dir)]
-    argv += MODEL + QUIET + [a for s in sets for a in ("--set", s)]
+    vatra, *rest = _argv(run_dir, sets, torch_hook)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    argv = [sys.executable, "-m", vatra, *rest[:cut], "--nproc", str(nproc), *rest[cut:]]
     log = run_dir.parent / f"{run_dir.name}.log"
     threads = str(max(1, (os.cpu_count() or 1) // nproc))
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}

@@ -238,13 +238,14 @@ class Cluster:
     def host_command(
         self, host: Host, argv: list[str], run_id: str, private: list[Path] | None = None
     ) -> list[str]:
-        """``argv`` for one host: ``vatra train`` gets the multi-node flags it does not already have;
-        with ``private``, it runs where those folders are this host's own copies."""
+        """``argv`` for one host: ``vatra train`` and ``vatra run`` get the multi-node flags they do not
+        already have (before a script's ``--``); with ``private``, it runs where those folders are this
+        host's own copies."""
         if argv[:1] == ["vatra"]:
             argv = [sys.executable, "-m", "vatra", *argv[1:]]
-        is_train = argv[1:4] == ["-m", "vatra", "train"]
-        if is_train:
-            given = set(argv)
+        if argv[1:4] in (["-m", "vatra", "train"], ["-m", "vatra", "run"]):
+            cut = argv.index("--") if "--" in argv else len(argv)
+            given = set(argv[:cut])
             flags = {
                 "--nnodes": str(len(self.hosts)),
                 "--node-rank": str(host.index),
@@ -253,7 +254,7 @@ class Cluster:
                 "--local-addr": host.address,
                 "--nproc": str(self.spec.procs_per_host),
             }
-            argv = argv + [a for k, v in flags.items() if k not in given for a in (k, v)]
+            argv = argv[:cut] + [a for k, v in flags.items() if k not in given for a in (k, v)] + argv[cut:]
         return ["ip", "netns", "exec", host.netns, *self._privately(host, private or [], argv)]
 
     @staticmethod
