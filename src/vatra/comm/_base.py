@@ -78,6 +78,10 @@ def build_compressor(cfg: CommConfig, key: str = "comm.method") -> Compressor:
     return cls.from_config(cfg)
 
 
+AUTO_RATIO_SGD = 0.01  # with momentum correction (DGC)
+AUTO_RATIO = 0.1  # without it (Adam, AdamW, SGD without momentum)
+
+
 class SparseCompressor(Compressor):
     """Sends ⌈ratio·n⌉ chosen elements as (int32 index, value) pairs; subclasses choose which."""
 
@@ -86,7 +90,9 @@ class SparseCompressor(Compressor):
 
     @classmethod
     def from_config(cls, cfg: CommConfig) -> Compressor:
-        return cls(cfg.ratio)
+        # "auto" is resolved against the optimizer by the DDP plugin (vatra.comm.recipe); elsewhere
+        # (federated uploads) it is DGC's 1 %
+        return cls(AUTO_RATIO_SGD if cfg.ratio == "auto" else cfg.ratio)
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         """Indices of the ``k`` elements of ``flat`` (1-D) to send."""

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from vatra.comm._base import Compressor, Ctx, Payload
+from vatra.comm._base import Compressor, Ctx, Payload, SparseCompressor
 from vatra.comm.batching import all_gather_coalesced, all_reduce_coalesced_
 from vatra.comm.memory import Memory
 from vatra.comm.ring import RingTopology
 from vatra.comm.topology import ByteCounter, FlatTopology, Topology
+
+_WARMUP_RATIO = 0.25  # DGC starts its sparsity warm-up at 75 % sparsity
 
 
 @dataclass
@@ -35,6 +37,7 @@ class HookState:
     memory: Memory
     topology: Topology
     start_step: int = 0
+    sparsity_warmup: int = 0
     min_numel: int = 0
     bucket_bytes: int = 4 << 20
     step: int = 0
@@ -49,9 +52,20 @@ class HookState:
             torch.bfloat16
         ):
             self.sum_topology = RingTopology(self.counter)
+        self.ratio = self.compressor.ratio if isinstance(self.compressor, SparseCompressor) else None
 
     def forget(self) -> None:
         self.memory.forget()
+
+    def ratio_at(self, step: int) -> float | None:
+        """The share a sparsifier sends at ``step``: DGC's warm-up falls geometrically from 25 % at
+        ``start_step`` to ``ratio`` over ``sparsity_warmup`` steps; every rank computes the same share,
+        so payload sizes still depend only on the tensor's shape and the step."""
+        ratio, warm = self.ratio, self.sparsity_warmup
+        if ratio is None or warm <= 0 or step >= self.start_step + warm or ratio >= _WARMUP_RATIO:
+            return ratio
+        frac = max(0.0, (step - self.start_step) / warm)
+        return float(_WARMUP_RATIO ** (1.0 - frac) * ratio**frac)
 
 
 def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -64,6 +78,8 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
         state.topology.all_reduce_(buffer)
         buffer.div_(world)
     else:
+        if isinstance(state.compressor, SparseCompressor):
+            state.compressor.ratio = state.ratio_at(state.step) or state.compressor.ratio
         _compressed_average(state, _keys(bucket), bucket.gradients())
     state.comm_time_s += time.perf_counter() - t0
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -12,6 +12,7 @@ from vatra.comm._base import SparseCompressor, build_compressor
 from vatra.comm.hooks import HookState, compression_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
+from vatra.comm.recipe import resolve_recipe
 from vatra.comm.topology import ByteCounter, build_topology
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
@@ -45,6 +46,8 @@ class CommPlugin(Plugin):
     def on_fit_start(self, trainer: Trainer) -> None:
         if not isinstance(trainer.module, DDP):
             return
+        compressor = None if self.cfg.method == "powersgd" else build_compressor(self.cfg)
+        self.cfg = resolve_recipe(self.cfg, trainer.cfg, compressor)
         counter = ByteCounter()
         topology_name = "flat"  # powersgd runs torch's own collectives
         if self.cfg.method == "powersgd":
@@ -62,10 +65,10 @@ class CommPlugin(Plugin):
                 self.builtin_bytes = 2 * (w - 1) * grad_bytes // w
                 trainer.log_event("comm", method="none", topology="flat", hook="ddp-builtin")
                 return
-            compressor = build_compressor(self.cfg)
+            assert compressor is not None
             use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
             memory = Memory() if use_memory else NoMemory()
-            if self.cfg.momentum_correction:
+            if self.cfg.momentum_correction:  # resolved: "auto" is on only where it applies
                 if not use_memory:  # built-ins are refused at load time; a user's class only now
                     raise ConfigError(
                         f"comm.momentum_correction: {self.cfg.method!r} takes no error feedback (the class "
@@ -76,7 +79,8 @@ class CommPlugin(Plugin):
                 compressor=compressor,
                 memory=memory,
                 topology=topology,
-                start_step=self.cfg.start_step,
+                start_step=int(self.cfg.start_step),
+                sparsity_warmup=int(self.cfg.sparsity_warmup),
                 min_numel=self.cfg.min_numel,
                 bucket_bytes=int(self.cfg.bucket_mb * 2**20),
             )
@@ -85,7 +89,11 @@ class CommPlugin(Plugin):
                 self.names = {id(p): name for name, p in trainer.model.named_parameters()}
                 self.device = trainer.dist.device
                 trainer.state.rank_states["comm"] = self
-        trainer.log_event("comm", method=self.cfg.method, topology=topology_name)
+        c = self.cfg
+        trainer.log_event(
+            "comm", method=c.method, topology=topology_name, start_step=c.start_step,
+            sparsity_warmup=c.sparsity_warmup, momentum_correction=c.momentum_correction,
+        )  # fmt: skip
 
     def _momentum_memory(self, trainer: Trainer, masking: bool) -> MomentumMemory:
         """Move SGD's momentum from the optimizer into each rank's error-feedback memory (DGC)."""

@@ -26,7 +26,7 @@ class PowerSGDHookState:
         self.inner = psgd.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=cfg.rank,
-            start_powerSGD_iter=max(2, cfg.start_step),  # DDP rebuilds its buckets after step 1
+            start_powerSGD_iter=max(2, int(cfg.start_step)),  # DDP rebuilds its buckets after step 1
             min_compression_rate=2,
             use_error_feedback=cfg.error_feedback,
             warm_start=True,

@@ -17,26 +17,40 @@ class CommConfig(Section):
         "import string 'package.module:Class' naming a vatra.comm.Compressor subclass (built with its "
         "from_config(comm section)); 'none' on the flat topology keeps DDP's built-in all-reduce.",
     )
-    ratio: float = Field(0.01, gt=0.0, le=1.0, description="topk/randomk: share of elements sent per tensor.")
-    onebit_scale: Literal["tensor", "row"] = Field(
-        "tensor",
-        description="onebit: one mean |x| scale per tensor, or per row of each matrix (per output unit).",
+    ratio: float | Literal["auto"] = Field(
+        "auto",
+        description="topk/randomk: share of elements sent per tensor. auto = 1 % with momentum correction "
+        "(SGD), 10 % otherwise: with Adam(W), 1 % lost 2–17 points on the shipped examples (federated "
+        "uploads: 1 %).",
     )
-    levels: int = Field(16, ge=1, le=127, description="qsgd: quantisation levels s (sent as int8).")
+    onebit_scale: Literal["tensor", "row"] = Field(
+        "row",
+        description="onebit: one mean |x| scale per row of each matrix (per output unit), or one per tensor.",
+    )
+    levels: int = Field(127, ge=1, le=127, description="qsgd: quantisation levels s (sent as int8).")
+    qsgd_bucket: int = Field(
+        512, ge=0, description="qsgd: elements per norm (QSGD's bucketing); 0 = one norm per tensor."
+    )
     rank: int = Field(4, ge=1, description="powersgd: rank of the low-rank approximation.")
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
-    momentum_correction: bool = Field(
-        False,
+    momentum_correction: bool | Literal["auto"] = Field(
+        "auto",
         description=(
             "DGC momentum correction: with optim.name = 'sgd' and momentum m, each rank compresses its "
             "own velocity (u ← m·u + g, error feedback on u) and the optimizer's momentum is turned off; "
-            "sparsifiers also clear u where they sent (momentum-factor masking)."
+            "sparsifiers also clear u where they sent (momentum-factor masking). auto = on where it "
+            "applies: sgd with momentum and a lossy method with error feedback (topk, randomk, onebit)."
         ),
     )
-    start_step: int = Field(
-        0,
-        ge=0,
-        description="Warm-up steps sent uncompressed (powersgd uses at least 2: DDP rebuilds buckets).",
+    start_step: int | Literal["auto"] = Field(
+        "auto",
+        description="Warm-up steps sent uncompressed. auto = the LR warm-up (optim.warmup_steps) for lossy "
+        "methods; powersgd uses at least 2 (DDP rebuilds its buckets after the first step).",
+    )
+    sparsity_warmup: int | Literal["auto"] = Field(
+        "auto",
+        description="topk/randomk: for this many steps after start_step the share sent falls "
+        "exponentially from 25% to comm.ratio (DGC's warm-up). auto = as many steps as start_step.",
     )
     min_numel: int = Field(
         1024, ge=0, description="Tensors with fewer elements go uncompressed (biases, norms)."
@@ -62,8 +76,14 @@ class CommConfig(Section):
                 "powersgd runs torch's PowerSGD hook, which all-reduces on the default group; "
                 "set comm.topology = 'auto' or 'flat'"
             )
+        if self.ratio != "auto" and not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"comm.ratio must be 'auto' or a share in (0, 1], got {self.ratio}")
+        for key in ("start_step", "sparsity_warmup"):
+            value = getattr(self, key)
+            if value != "auto" and value < 0:
+                raise ValueError(f"comm.{key} must be 'auto' or a step count ≥ 0, got {value}")
         no_feedback = self.method in ("none", "qsgd", "powersgd")
-        if self.momentum_correction and (no_feedback or not self.error_feedback):
+        if self.momentum_correction is True and (no_feedback or not self.error_feedback):
             why = f"method '{self.method}'" if no_feedback else "comm.error_feedback = false"
             raise ValueError(
                 "momentum correction compresses each rank's velocity with error feedback, which "

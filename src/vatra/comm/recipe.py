@@ -1,0 +1,52 @@
+"""Each method's defaults are the recipe that keeps accuracy: ``"auto"`` settings resolved against
+the run's optimizer and schedule.
+
+A user who sets only ``comm.method`` gets, where it applies (every part stays overridable):
+
+* an uncompressed warm-up as long as the learning-rate warm-up (``start_step = optim.warmup_steps``):
+  the first, largest and least aligned gradients go dense while the optimizer's state settles;
+* for sparsifiers, DGC's sparsity warm-up over as many steps again (25 % sent, falling geometrically
+  to ``comm.ratio``), and a ratio of 1 % with momentum correction, 10 % without it (Adam);
+* DGC momentum correction when the optimizer is SGD with momentum and the method has error feedback;
+* per-row scales for onebit (the ``onebit_scale`` default), and for qsgd 127 levels with one norm
+  per 512 elements (the ``levels`` and ``qsgd_bucket`` defaults).
+
+The measurements behind each choice are in docs/communication.md ("Defaults that keep accuracy").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vatra.comm._base import AUTO_RATIO, AUTO_RATIO_SGD, Compressor, SparseCompressor
+from vatra.config._comm import CommConfig
+
+if TYPE_CHECKING:
+    from vatra.config import Config
+
+
+def resolve_recipe(comm: CommConfig, cfg: Config, compressor: Compressor | None) -> CommConfig:
+    """``comm`` with every ``"auto"`` replaced by the value this run gets (the plugin logs them).
+    ``compressor`` is the method's (None for powersgd, which torch's hook runs)."""
+    lossless = compressor is not None and compressor.lossless
+    cast = getattr(compressor, "wire_dtype", None) is not None  # fp16/bf16: rounding, nothing dropped
+    optim = cfg.optim
+    mc = comm.momentum_correction
+    if mc == "auto":
+        feedback = compressor is not None and compressor.error_feedback and comm.error_feedback
+        mc = optim.name == "sgd" and optim.momentum > 0.0 and feedback and not lossless and not cast
+    start = comm.start_step
+    if start == "auto":
+        start = 0 if lossless or cast else optim.warmup_steps
+    if comm.method == "powersgd":
+        start = max(2, start)  # DDP rebuilds its buckets after the first step
+    warm = comm.sparsity_warmup
+    if warm == "auto":
+        warm = start if isinstance(compressor, SparseCompressor) else 0
+    ratio = comm.ratio
+    if ratio == "auto":
+        ratio = AUTO_RATIO_SGD if mc else AUTO_RATIO
+    if isinstance(compressor, SparseCompressor):
+        compressor.ratio = ratio
+    update = {"start_step": start, "sparsity_warmup": warm, "momentum_correction": mc, "ratio": ratio}
+    return comm.model_copy(update=update)
