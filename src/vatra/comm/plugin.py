@@ -9,7 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.comm._base import SparseCompressor, build_compressor
-from vatra.comm.hooks import HookState, compression_hook
+from vatra.comm.hooks import HookState, TensorDraws, compression_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.topology import ByteCounter, build_topology
@@ -22,13 +22,13 @@ if TYPE_CHECKING:
 
 
 class CommPlugin(Plugin):
-    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step), ``comm_time_s`` and, with
-    error feedback, ``comm_residual_norm`` to each step's metrics and the run's total ``comm_bytes`` to
-    the summary.
+    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step), ``comm_time_s`` (the time
+    the hook's work took, on its worker thread with ``comm.overlap``) and, with error feedback,
+    ``comm_residual_norm`` to each step's metrics and the run's total ``comm_bytes`` to the summary.
 
     Without a process group (one rank) nothing is sent and both figures are 0. With
     ``method = "none"`` on the flat topology no hook is registered: DDP's built-in all-reduce
-    overlaps communication with backward, which a Python hook would give up. Its bytes are the
+    overlaps communication with backward in C++, with no Python on the way. Its bytes are the
     same ring formula the flat topology counts, 2·(W−1)/W of the gradient bytes per step; its time
     is inside ``fwd_bwd_time_s``, so ``comm_time_s`` is not reported then.
     """
@@ -72,6 +72,10 @@ class CommPlugin(Plugin):
                         "is lossless or sets error_feedback = False); set comm.momentum_correction = false"
                     )
                 memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
+            draws = None
+            if compressor.stochastic:
+                index = {id(p): i for i, p in enumerate(trainer.module.parameters())}
+                draws = TensorDraws(trainer.cfg.run.seed, topology.rank, index, trainer.dist.device)
             self.state = HookState(
                 compressor=compressor,
                 memory=memory,
@@ -79,13 +83,15 @@ class CommPlugin(Plugin):
                 start_step=self.cfg.start_step,
                 min_numel=self.cfg.min_numel,
                 bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+                overlap=self.cfg.overlap,
+                draws=draws,
             )
             trainer.module.register_comm_hook(self.state, compression_hook)
             if use_memory:  # residuals (and velocities) are training state: checkpoints keep them
                 self.names = {id(p): name for name, p in trainer.model.named_parameters()}
                 self.device = trainer.dist.device
                 trainer.state.rank_states["comm"] = self
-        trainer.log_event("comm", method=self.cfg.method, topology=topology_name)
+        trainer.log_event("comm", method=self.cfg.method, topology=topology_name, overlap=self.cfg.overlap)
 
     def _momentum_memory(self, trainer: Trainer, masking: bool) -> MomentumMemory:
         """Move SGD's momentum from the optimizer into each rank's error-feedback memory (DGC)."""
@@ -102,7 +108,8 @@ class CommPlugin(Plugin):
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """This rank's error-feedback memory by parameter name: the hook keys it by the parameter's
-        ``id``, which does not survive a restart."""
+        ``id``, which does not survive a restart. (A stochastic compressor's draws need no state:
+        they follow from the seed, the rank, the step and the tensor.)"""
         assert isinstance(self.state, HookState)  # registered only with a memory
         names = self.names
         parts = self.state.memory.state_dict()
@@ -140,5 +147,11 @@ class CommPlugin(Plugin):
             metrics["comm_residual_norm"] = self.state.memory.residual_norm()
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        if self.state is not None:
+            self.state.close()
         summary["comm_bytes"] = self.total_bytes
         summary["comm_method"] = self.cfg.method
+
+    def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        if self.state is not None:
+            self.state.close(wait=False)  # a bucket may still wait on a peer that is gone

@@ -10,6 +10,7 @@ from vatra.config._comm import CommConfig
 
 class QSGD(Compressor):
     error_feedback = False  # unbiased; ‖x − Q(x)‖ can exceed ‖x‖ (d/s² > 1), so a residual would diverge
+    stochastic = True
 
     def __init__(self, levels: int = 16) -> None:
         if not 1 <= levels <= 127:
@@ -25,7 +26,8 @@ class QSGD(Compressor):
         norm = flat.norm().reshape(1)
         scaled = flat.abs() / norm.clamp_min(torch.finfo(torch.float32).tiny) * self.levels  # in [0, s]
         lower = scaled.floor()
-        level = lower + (torch.rand_like(scaled) < scaled - lower).float()  # E[level] = scaled
+        draw = torch.rand(scaled.shape, generator=self.generator, dtype=scaled.dtype, device=scaled.device)
+        level = lower + (draw < scaled - lower).float()  # E[level] = scaled
         q = (level * flat.sign()).to(torch.int8)
         return [q, norm], Ctx(tensor.shape, tensor.dtype)
 
