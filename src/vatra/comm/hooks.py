@@ -6,6 +6,10 @@ future, or (``HookState.overlap``, ``comm.overlap``) queues it on the state's on
 which runs buckets first-in first-out while backward goes on (``vatra.comm.overlap``). What it must
 avoid is what made torch's own PowerSGD hook hang with several buckets on gloo: several buckets'
 collectives in flight at once, issued from gloo's completion callbacks.
+
+On the hierarchical topology a lossy compressor is composed with the hosts: gradients are summed
+exactly inside each host, the host's leader compresses that sum (with the host's error feedback),
+and only the leaders' compressed payloads cross hosts.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real objects
@@ -19,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from vatra.comm._base import Compressor, Ctx, Payload
-from vatra.comm.batching import all_gather_coalesced, all_reduce_coalesced_
+from vatra.comm.batching import all_gather_coalesced, all_reduce_coalesced_, coalesced_
+from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.memory import Memory
 from vatra.comm.overlap import BucketWorker, run_bucket
 from vatra.comm.ring import RingTopology
@@ -128,8 +133,37 @@ def _compressed_average(state: HookState, keys: list[int], grads: list[torch.Ten
             g.div_(world)
     if not large:
         return
+    if isinstance(state.topology, HierarchicalTopology):
+        _host_compressed_average(state, state.topology, large)
+        return
     payloads, ctxs = _compress(state, large)
     _average_payloads(state, large, payloads, ctxs, state.sum_topology, state.topology)
+
+
+def _host_compressed_average(
+    state: HookState, topo: HierarchicalTopology, large: list[tuple[int, torch.Tensor]]
+) -> None:
+    """The hierarchical composition: (1) every rank's gradient is summed exactly (fp32) to the host's
+    leader; (2) the leader compresses the host sum with error feedback (its memory holds the host
+    sum's residual and, with momentum correction, the host sum's velocity, masked where the host
+    sent); (3) the leaders exchange payloads on their ring, the only bytes that cross hosts; (4) the
+    leader decompresses the sum over hosts, divides by the world size and broadcasts it in the host.
+
+    Members keep no memory of these tensors: what they still hold (a velocity from warm-up steps, a
+    residual from an older checkpoint) goes to the leader with their gradient and is dropped, so
+    the leader's memory is the host's from the first compressed step on."""
+    grads = [g for _, g in large]
+    if topo.is_leader:
+        coalesced_(grads, topo.reduce_to_leader_, state.bucket_bytes)  # grads now hold the host sums
+        payloads, ctxs = _compress(state, large)
+        assert topo.leader_ring is not None
+        _average_payloads(state, large, payloads, ctxs, topo.leader_ring, topo.leader_ring)
+    else:
+        handed = [state.memory.compensate(g, k) for k, g in large]
+        for k, _ in large:
+            state.memory.drop(k)
+        coalesced_(handed, topo.reduce_to_leader_, state.bucket_bytes)
+    coalesced_(grads, topo.broadcast_from_leader_, state.bucket_bytes)
 
 
 def _compress(state: HookState, large: list[tuple[int, torch.Tensor]]) -> tuple[list[Payload], list[Ctx]]:

@@ -9,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.comm._base import SparseCompressor, build_compressor
+from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, TensorDraws, compression_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
 
 class CommPlugin(Plugin):
     """Adds ``comm_bytes`` (bytes this rank sent for gradients this step), ``comm_time_s`` (the time
-    the hook's work took, on its worker thread with ``comm.overlap``) and, with error feedback,
-    ``comm_residual_norm`` to each step's metrics and the run's total ``comm_bytes`` to the summary.
+    the hook's work took, on its worker thread with ``comm.overlap``), on the hierarchical topology
+    ``comm_cross_host_bytes`` (the part of ``comm_bytes`` that left the host) and, with error
+    feedback, ``comm_residual_norm`` to each step's metrics, and the run's totals to the summary.
 
     Without a process group (one rank) nothing is sent and both figures are 0. With
     ``method = "none"`` on the flat topology no hook is registered: DDP's built-in all-reduce
@@ -39,6 +41,7 @@ class CommPlugin(Plugin):
         self.state: HookState | PowerSGDHookState | None = None
         self.builtin_bytes: int | None = None  # per step, when DDP's own all-reduce runs
         self.total_bytes = 0
+        self.total_cross_host_bytes: int | None = None  # counted on the hierarchical topology only
         self.names: dict[int, str] = {}  # id(parameter) -> its name, for checkpoints of the memory
         self.device = torch.device("cpu")
 
@@ -87,6 +90,8 @@ class CommPlugin(Plugin):
                 draws=draws,
             )
             trainer.module.register_comm_hook(self.state, compression_hook)
+            if isinstance(topology, HierarchicalTopology):
+                self.total_cross_host_bytes = 0
             if use_memory:  # residuals (and velocities) are training state: checkpoints keep them
                 self.names = {id(p): name for name, p in trainer.model.named_parameters()}
                 self.device = trainer.dist.device
@@ -140,6 +145,9 @@ class CommPlugin(Plugin):
         sent = self.state.counter.sent if self.state is not None else 0
         self.total_bytes += sent
         metrics["comm_bytes"] = sent
+        if self.total_cross_host_bytes is not None and self.state is not None:
+            self.total_cross_host_bytes += self.state.counter.cross_host
+            metrics["comm_cross_host_bytes"] = self.state.counter.cross_host
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
         if isinstance(self.state, HookState) and self.state.memory.residuals:
             # how much error feedback is holding back: growth without bound means the compressor
@@ -150,6 +158,8 @@ class CommPlugin(Plugin):
         if self.state is not None:
             self.state.close()
         summary["comm_bytes"] = self.total_bytes
+        if self.total_cross_host_bytes is not None:
+            summary["comm_cross_host_bytes"] = self.total_cross_host_bytes
         summary["comm_method"] = self.cfg.method
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
