@@ -138,6 +138,7 @@ FL_CLIENT = ["fl", "client", "--server", "127.0.0.1:1", "--client-id", "0", "--c
             [*TRAIN, "--set", "comm.method=powersgd", "--set", "comm.min_numel=64"],
             "error: comm.min_numel: powersgd ignores it",
         ),
+        ([*TRAIN, "--set", "comm.overlap=sometimes"], "error: comm.overlap:"),
         (
             ["federate", "examples/fl_digits.toml", "--set", "checkpoint.every_steps=5"],
             "error: checkpoint.every_steps: a federated run reads no [checkpoint] or [store] keys",

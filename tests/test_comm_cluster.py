@@ -69,6 +69,10 @@ def test_two_host_training_on_the_cluster(tmp_path: Path) -> None:
     for host in (f"{name}-h0", f"{name}-h1"):
         sent = after[host]["tx_bytes"] - before[host]["tx_bytes"]
         assert sent > summary["comm_bytes"] // 2  # gradient bytes crossed the shaped links
+    # what rank 0 (host 0's leader) counted as crossing hosts did leave host 0 (headers come on top)
+    h0_sent = after[f"{name}-h0"]["tx_bytes"] - before[f"{name}-h0"]["tx_bytes"]
+    assert 0 < summary["comm_cross_host_bytes"] <= h0_sent
+    assert all(m["comm_cross_host_bytes"] > 0 for m in metrics)
 
 
 def test_cluster_usage_errors() -> None:

@@ -82,7 +82,7 @@ def _check_world(rank: int, world: int) -> None:
     host = next(h for h in LAYOUTS[world] if rank in h)
     leaders = [h[0] for h in LAYOUTS[world]]
     if rank != host[0]:
-        assert hier.counter.sent == 4 * n
+        assert hier.counter.sent == 4 * n and hier.counter.cross_host == 0
     else:
         h, pos = len(leaders), leaders.index(rank)
         ring_part = 0
@@ -90,6 +90,15 @@ def _check_world(rank: int, world: int) -> None:
             lchunks = [c.numel() for c in chunk.tensor_split(h)]
             ring_part += sum(lchunks[(pos - s) % h] + lchunks[(pos + 1 - s) % h] for s in range(h - 1))
         assert hier.counter.sent == 4 * (ring_part + n * (len(host) - 1))
+        assert hier.counter.cross_host == 4 * ring_part  # only the leaders' ring leaves the host
+    # the host-local steps on their own: an exact sum on the leader (members added in rank order),
+    # then the leader's tensor on every rank of the host
+    host_sum = _data(host[0], n).clone()
+    for r in host[1:]:
+        host_sum += _data(r, n)
+    got = hier.reduce_to_leader_(_data(rank, n))
+    assert torch.equal(got, host_sum if rank == host[0] else _data(rank, n))
+    assert torch.equal(hier.broadcast_from_leader_(got), host_sum)
     # fp16 through the ring: the sum is done in fp16 by torch
     got16 = _data(rank, 513, torch.float16)
     ring.all_reduce_(got16)

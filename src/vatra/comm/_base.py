@@ -34,8 +34,18 @@ class Compressor:
 
     Contract: the number, sizes and dtypes of the payload tensors depend only on the input's shape
     and dtype, so a receiver can cut a fused byte buffer into another rank's payload using its own.
-    Compressors hold no per-tensor state (error feedback lives in ``Memory``); ``compress`` may use
-    the global torch RNG. Not thread-safe: one compressor per DDP hook.
+    Compressors hold no per-tensor state (error feedback lives in ``Memory``). Not thread-safe: one
+    compressor per DDP hook; with ``comm.overlap`` its methods run on the hook's worker thread, one
+    bucket after another.
+
+    Randomness: a compressor that draws random numbers sets :attr:`stochastic` and draws from
+    :attr:`generator`. In the DDP hook that is a ``torch.Generator`` of its own, seeded before each
+    tensor from ``run.seed``, the rank, the step and the tensor (``vatra.comm.hooks.TensorDraws``),
+    so the draws do not depend on bucket order or threads, and a resumed run draws what the
+    uninterrupted one drew. Elsewhere (federated compression, direct use) ``generator`` is ``None``
+    and torch draws from its global RNG. A user's subclass that draws from the global RNG still
+    works; but on the worker thread its draws interleave with the training thread's (dropout) in no
+    fixed order, so runs with it do not repeat exactly.
 
     A user's subclass named by import string (``comm.method = "pkg.mod:MyCompressor"``, or
     ``federated.compression``) works like a built-in: it is built by :meth:`from_config` and gets
@@ -47,6 +57,8 @@ class Compressor:
     # Error feedback needs a contractive compressor (‖x − C(x)‖ < ‖x‖). An unbiased quantiser with
     # high variance is not one, and its residual grows without bound: no memory for those.
     error_feedback: ClassVar[bool] = True
+    stochastic: ClassVar[bool] = False  # compress draws random numbers (from ``generator``)
+    generator: torch.Generator | None = None  # set by the DDP hook for a stochastic compressor
 
     @classmethod
     def from_config(cls, cfg: CommConfig) -> Compressor:

@@ -6,6 +6,8 @@ vatra's ring); fusing the per-tensor payloads of a DDP bucket into one buffer pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from vatra.comm.topology import Topology, nbytes
@@ -27,8 +29,11 @@ def fuse_groups(tensors: list[torch.Tensor], bucket_bytes: int) -> list[list[int
     return groups
 
 
-def all_reduce_coalesced_(tensors: list[torch.Tensor], topology: Topology, bucket_bytes: int) -> None:
-    """Sum each tensor across ranks in place, one collective per fused bucket (per dtype)."""
+def coalesced_(tensors: list[torch.Tensor], op: Callable[[torch.Tensor], object], bucket_bytes: int) -> None:
+    """Run an in-place collective ``op`` on a contiguous 1-D tensor (a sum, a reduce to the host's
+    leader, a broadcast from it) over ``tensors``: once per fused bucket (per dtype), results copied back.
+
+    Ranks that pass tensors of the same shapes and dtypes fuse them alike, so their calls pair up."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
@@ -36,9 +41,14 @@ def all_reduce_coalesced_(tensors: list[torch.Tensor], topology: Topology, bucke
         for group in fuse_groups(same, bucket_bytes):
             members = [same[i] for i in group]
             flat = torch.cat([m.reshape(-1) for m in members])  # (Σ numel,)
-            topology.all_reduce_(flat)
+            op(flat)
             for m, part in zip(members, flat.split([m.numel() for m in members]), strict=True):
                 m.copy_(part.view_as(m))
+
+
+def all_reduce_coalesced_(tensors: list[torch.Tensor], topology: Topology, bucket_bytes: int) -> None:
+    """Sum each tensor across ranks in place, one collective per fused bucket (per dtype)."""
+    coalesced_(tensors, topology.all_reduce_, bucket_bytes)
 
 
 def all_gather_coalesced(

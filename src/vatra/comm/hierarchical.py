@@ -4,6 +4,10 @@ pipelined over chunks so the host-local steps overlap the cross-host ring.
 Across hosts only the leaders talk, each sending 2·(H−1)/H·n bytes for H hosts — instead of every
 rank's ring edge crossing hosts. Intra-host traffic stays on the host (loopback in the test cluster).
 Groups are built once with ``new_group`` (a collective: every rank builds every group, in order).
+The leaders' ring is also a topology of its own (``leader_ring``), and the host-local steps are
+methods (``reduce_to_leader_``, ``broadcast_from_leader_``): the DDP hook composes them with a lossy
+compressor so that only compressed payloads cross hosts. The bytes of the leaders' ring are counted
+in ``ByteCounter.cross_host`` as well.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vatra.comm.ring import ring_all_gather_blocks, ring_all_reduce_
+from vatra.comm.ring import RingTopology, ring_all_gather_blocks
 from vatra.comm.topology import ByteCounter, Topology, nbytes, wait_all
 from vatra.errors import ConfigError
 
@@ -42,10 +46,33 @@ class HierarchicalTopology(Topology):
         self.group = self.host_groups[self.host_index]
         self.leader = self.host[0]
         self.order = [r for h in self.hosts for r in h]  # rank at each position of the host-major layout
+        self.leader_ring = (
+            _LeaderRing(self.counter, self.leaders, self.leader_group) if self.is_leader else None
+        )
 
     @property
     def is_leader(self) -> bool:
         return self.rank == self.leader
+
+    def reduce_to_leader_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Exact sum of a contiguous 1-D ``tensor`` over this host's ranks, in place on the leader
+        (members' own tensors are left as they were); the leader adds its members in rank order."""
+        if tensor.numel() == 0 or len(self.host) == 1:
+            return tensor
+        if not self.is_leader:
+            self._gather_to_leader(tensor, None)
+            return tensor
+        scratch = torch.empty(len(self.host) - 1, tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        self._gather_to_leader(tensor, [tensor, *scratch.unbind(0)])
+        for row in scratch:  # (n,) per member
+            tensor.add_(row)
+        return tensor
+
+    def broadcast_from_leader_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The leader's ``tensor`` into every member's, in place."""
+        if tensor.numel() and len(self.host) > 1:
+            self._broadcast_from_leader(tensor)
+        return tensor
 
     def _gather_to_leader(self, tensor: torch.Tensor, blocks: list[torch.Tensor] | None) -> None:
         """Members send ``tensor`` to the leader; the leader receives member i into ``blocks[i]``."""
@@ -94,7 +121,8 @@ class HierarchicalTopology(Topology):
             wait_all(gathers[i])
             for m in range(len(members)):
                 chunk.add_(incoming[m][i])
-            ring_all_reduce_(chunk, self.leaders, self.leader_group, self.counter)
+            assert self.leader_ring is not None
+            self.leader_ring.all_reduce_(chunk)
             for r in members:
                 sends.append(dist.isend(chunk, dst=r, group=self.group, tag=i))
                 self.counter.add(nbytes(chunk))
@@ -112,7 +140,8 @@ class HierarchicalTopology(Topology):
             mine[0] = tensor.reshape(-1)
             self._gather_to_leader(tensor, list(mine.unbind(0)))
             sizes = [len(h) * n for h in self.hosts]
-            ring_all_gather_blocks(hostmajor, sizes, self.leaders, self.leader_group, self.counter)
+            with self.counter.crossing_hosts():
+                ring_all_gather_blocks(hostmajor, sizes, self.leaders, self.leader_group, self.counter)
         else:
             self._gather_to_leader(tensor.reshape(-1).contiguous(), None)
         if len(self.host) > 1:
@@ -122,3 +151,17 @@ class HierarchicalTopology(Topology):
             self.world_size, n
         )  # host-major → rank order
         return out
+
+
+class _LeaderRing(RingTopology):
+    """vatra's ring among the host leaders (only leaders build it): every byte it sends crosses hosts."""
+
+    name = "leaders"
+
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        with self.counter.crossing_hosts():
+            return super().all_reduce_(tensor)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        with self.counter.crossing_hosts():
+            return super().all_gather(tensor)

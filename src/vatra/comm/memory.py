@@ -34,6 +34,10 @@ class Memory:
         """Drop what is remembered: the update this step's memory belonged to was skipped."""
         self.residuals.clear()
 
+    def drop(self, key: Hashable) -> None:
+        """Drop one tensor's state (a host member's, once it has handed it to its leader)."""
+        self.residuals.pop(key, None)
+
     def residual_norm(self) -> float:
         return float(sum(r.float().norm() ** 2 for r in self.residuals.values()) ** 0.5)
 
@@ -80,6 +84,10 @@ class MomentumMemory(Memory):
     def forget(self) -> None:
         super().forget()
         self.velocity.clear()
+
+    def drop(self, key: Hashable) -> None:
+        super().drop(key)
+        self.velocity.pop(key, None)
 
     def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
         super().load_state_dict(state)

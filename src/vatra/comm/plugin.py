@@ -9,7 +9,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.comm._base import SparseCompressor, build_compressor
-from vatra.comm.hooks import HookState, compression_hook
+from vatra.comm.hierarchical import HierarchicalTopology
+from vatra.comm.hooks import HookState, TensorDraws, compression_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.recipe import resolve_recipe
@@ -23,13 +24,14 @@ if TYPE_CHECKING:
 
 
 class CommPlugin(Plugin):
-    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step), ``comm_time_s`` and, with
-    error feedback, ``comm_residual_norm`` to each step's metrics and the run's total ``comm_bytes`` to
-    the summary.
+    """Adds ``comm_bytes`` (bytes this rank sent for gradients this step), ``comm_time_s`` (the time
+    the hook's work took, on its worker thread with ``comm.overlap``), on the hierarchical topology
+    ``comm_cross_host_bytes`` (the part of ``comm_bytes`` that left the host) and, with error
+    feedback, ``comm_residual_norm`` to each step's metrics, and the run's totals to the summary.
 
     Without a process group (one rank) nothing is sent and both figures are 0. With
     ``method = "none"`` on the flat topology no hook is registered: DDP's built-in all-reduce
-    overlaps communication with backward, which a Python hook would give up. Its bytes are the
+    overlaps communication with backward in C++, with no Python on the way. Its bytes are the
     same ring formula the flat topology counts, 2·(W−1)/W of the gradient bytes per step; its time
     is inside ``fwd_bwd_time_s``, so ``comm_time_s`` is not reported then.
     """
@@ -40,6 +42,7 @@ class CommPlugin(Plugin):
         self.state: HookState | PowerSGDHookState | None = None
         self.builtin_bytes: int | None = None  # per step, when DDP's own all-reduce runs
         self.total_bytes = 0
+        self.total_cross_host_bytes: int | None = None  # counted on the hierarchical topology only
         self.names: dict[int, str] = {}  # id(parameter) -> its name, for checkpoints of the memory
         self.device = torch.device("cpu")
 
@@ -75,6 +78,10 @@ class CommPlugin(Plugin):
                         "is lossless or sets error_feedback = False); set comm.momentum_correction = false"
                     )
                 memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
+            draws = None
+            if compressor.stochastic:
+                index = {id(p): i for i, p in enumerate(trainer.module.parameters())}
+                draws = TensorDraws(trainer.cfg.run.seed, topology.rank, index, trainer.dist.device)
             self.state = HookState(
                 compressor=compressor,
                 memory=memory,
@@ -83,16 +90,20 @@ class CommPlugin(Plugin):
                 sparsity_warmup=int(self.cfg.sparsity_warmup),
                 min_numel=self.cfg.min_numel,
                 bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+                overlap=self.cfg.overlap,
+                draws=draws,
             )
             trainer.module.register_comm_hook(self.state, compression_hook)
+            if isinstance(topology, HierarchicalTopology):
+                self.total_cross_host_bytes = 0
             if use_memory:  # residuals (and velocities) are training state: checkpoints keep them
                 self.names = {id(p): name for name, p in trainer.model.named_parameters()}
                 self.device = trainer.dist.device
                 trainer.state.rank_states["comm"] = self
         c = self.cfg
         trainer.log_event(
-            "comm", method=c.method, topology=topology_name, start_step=c.start_step,
-            sparsity_warmup=c.sparsity_warmup, momentum_correction=c.momentum_correction,
+            "comm", method=c.method, topology=topology_name, overlap=c.overlap, start_step=c.start_step,
+            sparsity_warmup=c.sparsity_warmup, momentum_correction=c.momentum_correction, ratio=c.ratio,
         )  # fmt: skip
 
     def _momentum_memory(self, trainer: Trainer, masking: bool) -> MomentumMemory:
@@ -110,7 +121,8 @@ class CommPlugin(Plugin):
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """This rank's error-feedback memory by parameter name: the hook keys it by the parameter's
-        ``id``, which does not survive a restart."""
+        ``id``, which does not survive a restart. (A stochastic compressor's draws need no state:
+        they follow from the seed, the rank, the step and the tensor.)"""
         assert isinstance(self.state, HookState)  # registered only with a memory
         names = self.names
         parts = self.state.memory.state_dict()
@@ -141,6 +153,9 @@ class CommPlugin(Plugin):
         sent = self.state.counter.sent if self.state is not None else 0
         self.total_bytes += sent
         metrics["comm_bytes"] = sent
+        if self.total_cross_host_bytes is not None and self.state is not None:
+            self.total_cross_host_bytes += self.state.counter.cross_host
+            metrics["comm_cross_host_bytes"] = self.state.counter.cross_host
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
         if isinstance(self.state, HookState) and self.state.memory.residuals:
             # how much error feedback is holding back: growth without bound means the compressor
@@ -148,5 +163,13 @@ class CommPlugin(Plugin):
             metrics["comm_residual_norm"] = self.state.memory.residual_norm()
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        if self.state is not None:
+            self.state.close()
         summary["comm_bytes"] = self.total_bytes
+        if self.total_cross_host_bytes is not None:
+            summary["comm_cross_host_bytes"] = self.total_cross_host_bytes
         summary["comm_method"] = self.cfg.method
+
+    def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
+        if self.state is not None:
+            self.state.close(wait=False)  # a bucket may still wait on a peer that is gone

@@ -1,9 +1,16 @@
 """``powersgd``: torch's PowerSGD hook (rank-r P·Qᵀ per matrix, error feedback, warm start) with its
-state, made synchronous and byte-counted.
+state, one bucket at a time and byte-counted.
 
 torch's hook chains its all-reduces (uncompressed tensors → P → Q) through future callbacks.
-Waiting for the whole chain before returning keeps the next bucket's collectives behind this
-bucket's on every rank, which is what several buckets on gloo need.
+Waiting for the whole chain before the next bucket starts keeps the next bucket's collectives
+behind this bucket's on every rank, which is what several buckets on gloo need. With
+``comm.overlap`` that wait happens on the state's worker thread (buckets in order) while backward
+goes on; without it, on the autograd thread.
+
+On the worker, torch's hook seeds new factors under ``fork_rng`` of the global CPU generator: a
+draw from the global RNG by the autograd thread at that moment would race with it. Backward draws
+nothing (dropout's masks come from forward), and the seeding happens on the first compressed step
+and where a memory starts afresh.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real objects
@@ -15,12 +22,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
+from vatra.comm.overlap import BucketWorker, run_bucket
 from vatra.comm.topology import ByteCounter
 from vatra.config._comm import CommConfig
 
 
 class PowerSGDHookState:
-    """torch's ``PowerSGDState`` plus vatra's step and byte accounting."""
+    """torch's ``PowerSGDState`` plus vatra's step and byte accounting, and the worker thread that
+    runs the buckets with ``comm.overlap`` (:meth:`close` ends it)."""
 
     def __init__(self, cfg: CommConfig, counter: ByteCounter, seed: int = 0) -> None:
         self.inner = psgd.PowerSGDState(
@@ -38,6 +47,11 @@ class PowerSGDHookState:
         self.step = 0
         self.comm_time_s = 0.0
         self.unchecked: set[int] = set()  # loaded buckets whose memories' sizes are not checked yet
+        self.worker = BucketWorker("vatra-powersgd") if cfg.overlap else None
+
+    def close(self, wait: bool = True) -> None:
+        if self.worker is not None:
+            self.worker.close(wait)
 
     def _all_reduce_bytes(self, elements: int, element_size: int) -> int:
         w = self.world_size
@@ -103,13 +117,15 @@ class PowerSGDHookState:
 
 
 def powersgd_hook(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    t0 = time.perf_counter()
-    compressed = state.inner.iter >= state.inner.start_powerSGD_iter
-    if compressed and state.unchecked:
-        state.check_loaded(bucket)
-    result = psgd.powerSGD_hook(state.inner, bucket).wait()
-    state.count(bucket, compressed)
-    state.comm_time_s += time.perf_counter() - t0
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(result)
-    return fut
+    def work() -> torch.Tensor:
+        t0 = time.perf_counter()
+        # read when the bucket runs: torch's hook advances the iteration on the last bucket
+        compressed = state.inner.iter >= state.inner.start_powerSGD_iter
+        if compressed and state.unchecked:
+            state.check_loaded(bucket)
+        result = psgd.powerSGD_hook(state.inner, bucket).wait()
+        state.count(bucket, compressed)
+        state.comm_time_s += time.perf_counter() - t0
+        return result
+
+    return run_bucket(state.worker, work)

@@ -16,6 +16,7 @@ from vatra.config._comm import CommConfig
 
 class QSGD(Compressor):
     error_feedback = False  # unbiased; ‖x − Q(x)‖ can exceed ‖x‖ (d/s² > 1), so a residual would diverge
+    stochastic = True
 
     def __init__(self, levels: int = 127, bucket: int = 512) -> None:
         if not 1 <= levels <= 127:
@@ -44,7 +45,8 @@ class QSGD(Compressor):
         tiny = torch.finfo(torch.float32).tiny
         scaled = rows.abs() / norms.clamp_min(tiny).unsqueeze(1) * self.levels  # in [0, s]
         lower = scaled.floor()
-        level = lower + (torch.rand_like(scaled) < scaled - lower).float()  # E[level] = scaled
+        draw = torch.rand(scaled.shape, generator=self.generator, dtype=scaled.dtype, device=scaled.device)
+        level = lower + (draw < scaled - lower).float()  # E[level] = scaled
         q = (level * rows.sign()).to(torch.int8).reshape(-1)[: flat.numel()]
         return [q, norms], Ctx(tensor.shape, tensor.dtype)
 

@@ -12,5 +12,7 @@ from vatra.comm._base import SparseCompressor
 
 
 class RandomK(SparseCompressor):
+    stochastic = True
+
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
-        return torch.randperm(flat.numel(), device=flat.device)[:k]
+        return torch.randperm(flat.numel(), generator=self.generator, device=flat.device)[:k]

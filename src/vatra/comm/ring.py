@@ -102,19 +102,28 @@ def ring_all_gather_blocks(
 
 
 class RingTopology(Topology):
-    """vatra's ring over all ranks of the default group."""
+    """vatra's ring over all ranks of the default group, or over ``ranks`` (global ranks, this one
+    among them) of ``group``; then ``rank`` and ``world_size`` are this rank's position and the
+    ring's length."""
 
     name = "ring"
 
-    def __init__(self, counter: ByteCounter | None = None) -> None:
+    def __init__(
+        self,
+        counter: ByteCounter | None = None,
+        ranks: list[int] | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__(counter)
-        self.ranks = list(range(self.world_size))
+        self.ranks = list(range(self.world_size)) if ranks is None else ranks
+        self.group = group
+        self.rank, self.world_size = self.ranks.index(self.rank), len(self.ranks)
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
-        return ring_all_reduce_(tensor, self.ranks, None, self.counter)
+        return ring_all_reduce_(tensor, self.ranks, self.group, self.counter)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         n = tensor.numel()
         out = torch.empty(self.world_size * n, dtype=tensor.dtype, device=tensor.device)
         out[self.rank * n : (self.rank + 1) * n] = tensor.reshape(-1)
-        return ring_all_gather_blocks(out, [n] * self.world_size, self.ranks, None, self.counter)
+        return ring_all_gather_blocks(out, [n] * self.world_size, self.ranks, self.group, self.counter)

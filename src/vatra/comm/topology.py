@@ -10,6 +10,8 @@ the volume gloo's ring sends.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -20,17 +22,28 @@ from vatra.errors import ConfigError
 
 @dataclass
 class ByteCounter:
-    """Bytes this rank sent since the last :meth:`reset` (one training step)."""
+    """Bytes this rank sent since the last :meth:`reset` (one training step); ``cross_host`` is the
+    part of ``sent`` that left the host (known on the hierarchical topology: the leaders' ring)."""
 
     sent: int = 0
     messages: int = 0
+    cross_host: int = 0
 
     def add(self, nbytes: int) -> None:
         self.sent += int(nbytes)
         self.messages += 1
 
     def reset(self) -> None:
-        self.sent = self.messages = 0
+        self.sent = self.messages = self.cross_host = 0
+
+    @contextmanager
+    def crossing_hosts(self) -> Iterator[None]:
+        """What is added inside this block crosses hosts: it counts in ``cross_host`` too."""
+        before = self.sent
+        try:
+            yield
+        finally:
+            self.cross_host += self.sent - before
 
 
 def nbytes(t: torch.Tensor) -> int:

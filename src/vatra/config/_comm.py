@@ -63,6 +63,14 @@ class CommConfig(Section):
             "auto = hierarchical when there are several hosts with several processes each, else flat."
         ),
     )
+    overlap: bool = Field(
+        True,
+        description=(
+            "Run each DDP bucket's compression and collectives on a background thread (one per hook, "
+            "buckets in order), so communication overlaps the rest of backward; false runs them on the "
+            "autograd thread. Same results either way."
+        ),
+    )
     bucket_mb: float = Field(
         4.0, gt=0.0, description="Small messages of vatra's own collectives are fused up to this size (MB)."
     )
