@@ -113,7 +113,9 @@ def _run_case(rank: int, name: str, topology: HierarchicalTopology) -> dict[str,
     method, mc, start_step = CASES[name]
     cfg = CommConfig(method=method, ratio=0.1, min_numel=MIN_NUMEL)
     memory = MomentumMemory(MOMENTUM, masking=method == "topk") if mc else Memory()
-    state = HookState(build_compressor(cfg), memory, topology, start_step, MIN_NUMEL, overlap=True)
+    state = HookState(
+        build_compressor(cfg), memory, topology, start_step=start_step, min_numel=MIN_NUMEL, overlap=True
+    )
     local = _model()
     ddp = DDP(copy.deepcopy(local), bucket_cap_mb=0.002)  # 2 KB: 3 buckets after the first step
     ddp.register_comm_hook(state, compression_hook)

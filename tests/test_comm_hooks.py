@@ -116,9 +116,10 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             assert {k: t.numel() for k, t in now[part].items()} == {
                 k: t.numel() for k, t in saved[part].items()
             }
-        # 4. Accuracy on digits: topk 1% and onebit against none, same seed and steps.
+        # 4. Accuracy on digits under SGD: topk and onebit with only the method set (their recipe:
+        # momentum correction, 20 uncompressed steps, topk's sparsity warm-up) against none.
         for method in ("none", "topk", "onebit"):
-            cfg = small_config(**ACCURACY_CONFIG, comm={"method": method, "ratio": 0.01})
+            cfg = small_config(**ACCURACY_CONFIG, comm={"method": method})
             _, summary = _train(cfg, ctx, CommPlugin(cfg.comm))
             results[f"accuracy/{method}"] = summary["val_accuracy"]
             results[f"bytes/{method}"] = summary["comm_bytes"]
@@ -143,4 +144,4 @@ def test_hooks_equal_ddp_and_compressed_training_matches(tmp_path: Path) -> None
     # digits validation set: 360 images, so 1 point ≈ 4 images
     assert r["accuracy/topk"] >= r["accuracy/none"] - 0.01, r
     assert r["accuracy/onebit"] >= r["accuracy/none"] - 0.01, r
-    assert r["bytes/topk"] * 20 < r["bytes/none"]
+    assert r["bytes/topk"] * 3 < r["bytes/none"]  # 10 % as (index, value) pairs, after 20 full steps

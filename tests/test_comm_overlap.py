@@ -23,7 +23,7 @@ from torch.utils.data import TensorDataset
 from vatra.comm import Compressor, Ctx, Payload
 from vatra.comm.hooks import HookState
 from vatra.comm.plugin import CommPlugin
-from vatra.config import CommConfig, Config
+from vatra.config import CommConfig, Config, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 
 WORLD = 2
@@ -158,7 +158,7 @@ def test_a_stochastic_compressors_draws_follow_the_step_and_the_tensor_only(tmp_
                 model=model,
                 dist=SimpleNamespace(world_size=1, device=torch.device("cpu")),
                 state=SimpleNamespace(rank_states={}, step=0, skip_update=False),
-                cfg=SimpleNamespace(run=SimpleNamespace(seed=7)),
+                cfg=load_config(None, ["run.seed=7"]),  # AdamW, no LR warm-up: compressed from step 0
                 log_event=lambda *args, **kwargs: None,
             )
             plugin = CommPlugin(CommConfig(method=method, ratio=0.25, min_numel=0, topology="flat"))

@@ -37,12 +37,14 @@ def test_auto_is_the_recipe_for_each_method() -> None:
         assert _resolved(method).start_step == 0
     assert _resolved("onebit").onebit_scale == "row"
     assert (_resolved("qsgd").levels, _resolved("qsgd").qsgd_bucket) == (127, 512)
+    assert _resolved("powersgd").rank == 16
     # SGD with momentum: DGC's momentum correction for the methods with error feedback
     sgd = ("optim.name=sgd", "optim.momentum=0.9", "optim.warmup_steps=0")
-    for method in ("topk", "randomk", "onebit"):
+    c = _resolved("onebit", *sgd)
+    assert c.momentum_correction is True and c.start_step == 0
+    for method in ("topk", "randomk"):  # masking the velocity cost accuracy: plain error feedback
         c = _resolved(method, *sgd)
-        assert c.momentum_correction is True and c.start_step == 0, method
-        assert c.ratio == 0.01, method  # DGC: 1 % with momentum correction
+        assert c.momentum_correction is False and c.ratio == 0.1, method
     for method in ("qsgd", "fp16", "none"):  # no memory to carry a velocity, or nothing to correct
         assert _resolved(method, *sgd).momentum_correction is False, method
     assert _resolved("powersgd", *sgd).start_step == 2  # DDP rebuilds its buckets after step 1
@@ -92,3 +94,44 @@ def test_qsgd_buckets_are_unbiased_with_one_norm_each() -> None:
     assert sum(spread[:50]) < sum(spread[50:])  # bucketing lowers the variance
     with pytest.raises(ConfigError):
         load_config(None, ["comm.qsgd_bucket=-1"])
+
+
+def _example_worker(rank: int, init_file: str, out: str, methods: list[str]) -> None:
+    import json
+
+    from vatra.comm.plugin import CommPlugin
+    from vatra.engine import DistContext, Trainer
+
+    torch.set_num_threads(1)
+    quiet = ["run.progress=off", "run.tensorboard=false", "checkpoint.enabled=false", "monitor.enabled=false"]
+    base = load_config(ROOT / "examples/digits.toml", quiet)
+    ctx = DistContext.init(base.dist, rank=rank, world_size=2, init_method=f"file://{init_file}")
+    results = {}
+    try:
+        for method in methods:
+            cfg = load_config(ROOT / "examples/digits.toml", [*quiet, f"comm.method={method}"])
+            summary = Trainer.from_config(cfg, dist=ctx, plugins=[CommPlugin(cfg.comm)]).fit()
+            results[method] = summary["val_accuracy"]
+        if rank == 0:
+            Path(out).write_text(json.dumps(results))
+    finally:
+        ctx.destroy()
+
+
+def test_methods_with_only_the_method_set_end_within_a_point_on_digits(tmp_path: Path) -> None:
+    """examples/digits.toml (AdamW, 300 steps) on 2 ranks. Before the recipes, with the same command,
+    topk ended 3.6 points behind, qsgd 1.4 and powersgd 0.8 (docs/communication.md's table has every
+    method; randomk is the one that still does not make it, and is not claimed)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "acc.json"
+    methods = ["none", "topk", "qsgd", "onebit"]
+    mp.start_processes(
+        _example_worker, args=(str(tmp_path / "rdzv"), str(out), methods), nprocs=2, start_method="spawn"
+    )
+    acc = json.loads(out.read_text())
+    print(acc)
+    for method in methods[1:]:
+        assert acc[method] >= acc["none"] - 0.01, acc  # 360 validation images: 1 point ≈ 4 images

@@ -209,7 +209,7 @@ def test_user_compressor_runs_in_the_comm_plugin_with_error_feedback(
             model=model,
             dist=SimpleNamespace(world_size=1, device=torch.device("cpu")),
             state=SimpleNamespace(rank_states={}, step=0, skip_update=False),
-            cfg=SimpleNamespace(run=SimpleNamespace(seed=0)),
+            cfg=config_from_dict({"run": {"seed": 0}}),
             log_event=lambda *args, **kwargs: None,
         )
         cfg = CommConfig(method=f"{user_module}:FirstShare", ratio=0.25, min_numel=0, topology="flat")

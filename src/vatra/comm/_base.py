@@ -90,8 +90,8 @@ def build_compressor(cfg: CommConfig, key: str = "comm.method") -> Compressor:
     return cls.from_config(cfg)
 
 
-AUTO_RATIO_SGD = 0.01  # with momentum correction (DGC)
-AUTO_RATIO = 0.1  # without it (Adam, AdamW, SGD without momentum)
+AUTO_RATIO = 0.1  # the DDP hook's share when comm.ratio = "auto" (vatra.comm.recipe)
+AUTO_RATIO_UPLOAD = 0.01  # federated uploads' share when comm.ratio = "auto"
 
 
 class SparseCompressor(Compressor):
@@ -102,9 +102,8 @@ class SparseCompressor(Compressor):
 
     @classmethod
     def from_config(cls, cfg: CommConfig) -> Compressor:
-        # "auto" is resolved against the optimizer by the DDP plugin (vatra.comm.recipe); elsewhere
-        # (federated uploads) it is DGC's 1 %
-        return cls(AUTO_RATIO_SGD if cfg.ratio == "auto" else cfg.ratio)
+        # "auto": the DDP plugin sets its recipe's share (vatra.comm.recipe); federated uploads send 1 %
+        return cls(AUTO_RATIO_UPLOAD if cfg.ratio == "auto" else cfg.ratio)
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         """Indices of the ``k`` elements of ``flat`` (1-D) to send."""

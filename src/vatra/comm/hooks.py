@@ -69,9 +69,9 @@ class HookState:
     memory: Memory
     topology: Topology
     start_step: int = 0
-    sparsity_warmup: int = 0
     min_numel: int = 0
     bucket_bytes: int = 4 << 20
+    sparsity_warmup: int = 0
     overlap: bool = False
     draws: TensorDraws | None = None
     step: int = 0
