@@ -85,7 +85,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         ]  # fmt: skip
         for name, topology in plan:
             method, *options = name.split("+")
-            comm = {"method": method, "topology": topology, "min_numel": 64, "ratio": 0.05}
+            comm = {"method": method, "topology": topology, "min_numel": 64, "ratio": 0.05, "rank": 4}
             comm |= {
                 "momentum_correction": "mc" in options,
                 "onebit_scale": "row" if "row" in options else "tensor",
@@ -98,7 +98,9 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             results[f"{name}/{topology}"] = summary["comm_bytes"] / full
         # 3. PowerSGD memories that do not fit the buckets they are loaded for (another bucket
         # layout) start afresh instead of failing inside torch's hook.
-        cfg = small_config(train={"steps": 4}, dist={"bucket_cap_mb": 0.001}, comm={"method": "powersgd"})
+        cfg = small_config(
+            train={"steps": 4}, dist={"bucket_cap_mb": 0.001}, comm={"method": "powersgd", "rank": 4}
+        )
         first = CommPlugin(cfg.comm)
         _train(cfg, ctx, first)
         assert isinstance(first.state, PowerSGDHookState)
