@@ -13,7 +13,8 @@ and target for every row. Rows:
   warm start, error feedback, compressing from step 2; one DDP bucket, which it needs on gloo);
 * ``floor``: a hook that sends nothing, so its step time is the compute floor;
 * ``vatra <method>``: only ``comm.method`` set — every other setting is the method's default recipe
-  (on 2 × 2, topology ``auto`` is hierarchical: reduced inside the host, compressed between hosts).
+  (on 2 × 2, topology ``auto`` is hierarchical: reduced inside the host, compressed between hosts);
+  ``vatra <method> sync`` (pass it in ``--methods``): the same with ``comm.overlap = false``.
 
 Time to target = summed step time up to the first evaluation at or above the target (evaluation
 excluded). Cross-host MB/step = what the kernel counted on the hosts' links (all headers), per host.
@@ -35,6 +36,7 @@ from vatra.launch.cluster import Cluster, ClusterSpec
 TORCH = {"ddp fp32": None, "torch fp16": "fp16", "torch powersgd": "powersgd", "floor": "floor"}
 VATRA = ["fp16", "bf16", "topk", "randomk", "onebit", "qsgd", "powersgd"]
 METHODS = [*TORCH, *(f"vatra {m}" for m in VATRA)]
+SYNC = [f"vatra {m} sync" for m in VATRA]  # the same with comm.overlap = false: what overlap buys
 LAYOUTS = {"4x1": (4, 1), "2x2": (2, 2)}
 
 
@@ -43,7 +45,8 @@ def run_sets(name: str) -> tuple[list[str], str | None]:
     if name in TORCH:
         single = ["dist.bucket_cap_mb=64"] if name == "torch powersgd" else []
         return ["comm.method=none", *single], TORCH[name]
-    return [f"comm.method={name.removeprefix('vatra ')}"], None
+    method = name.removeprefix("vatra ").removesuffix(" sync")
+    return [f"comm.method={method}", *(["comm.overlap=false"] if name.endswith(" sync") else [])], None
 
 
 def table(rows: list[dict[str, Any]], where: str, target: float) -> None:
@@ -74,7 +77,7 @@ def table(rows: list[dict[str, Any]], where: str, target: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layout", nargs="*", default=list(LAYOUTS), choices=list(LAYOUTS))
-    ap.add_argument("--methods", nargs="*", default=METHODS, choices=METHODS)
+    ap.add_argument("--methods", nargs="*", default=METHODS, choices=METHODS + SYNC)
     ap.add_argument("--bandwidth", default="100mbit")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=10)
