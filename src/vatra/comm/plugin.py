@@ -11,10 +11,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from vatra.comm._base import SparseCompressor, build_compressor
 from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, TensorDraws, compression_hook
+from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.recipe import resolve_recipe
-from vatra.comm.topology import ByteCounter, build_topology
+from vatra.comm.topology import ByteCounter, FlatTopology, build_topology
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
@@ -39,7 +40,7 @@ class CommPlugin(Plugin):
     def __init__(self, cfg: CommConfig, hosts: list[list[int]] | None = None) -> None:
         self.cfg = cfg
         self.hosts = hosts  # explicit host layout (tests); None = ask the elastic agents
-        self.state: HookState | PowerSGDHookState | None = None
+        self.state: HookState | PowerSGDHookState | LowRankState | None = None
         self.builtin_bytes: int | None = None  # per step, when DDP's own all-reduce runs
         self.total_bytes = 0
         self.total_cross_host_bytes: int | None = None  # counted on the hierarchical topology only
@@ -53,7 +54,25 @@ class CommPlugin(Plugin):
         self.cfg = resolve_recipe(self.cfg, trainer.cfg, compressor)
         counter = ByteCounter()
         topology_name = "flat"  # powersgd runs torch's own collectives
-        if self.cfg.method == "powersgd":
+        if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "vatra":
+            self.state = LowRankState(
+                topology=FlatTopology(counter),
+                memory=LowRankMemory(),
+                index={id(p): i for i, p in enumerate(trainer.module.parameters())},
+                rank=self.cfg.rank,
+                start_step=int(self.cfg.start_step),
+                factor_dtype=torch.float16 if self.cfg.factor_dtype == "fp16" else torch.float32,
+                bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+                seed=trainer.cfg.run.seed,
+                overlap=self.cfg.overlap,
+            )
+            trainer.module.register_comm_hook(self.state, lowrank_hook)
+            if self.cfg.error_feedback is False:
+                raise ConfigError("comm.powersgd_impl = 'vatra' always uses error feedback")
+            self.names = {id(p): name for name, p in trainer.model.named_parameters()}
+            self.device = trainer.dist.device
+            trainer.state.rank_states["comm"] = self  # residuals and warm-start factors, by name
+        elif self.cfg.method == "powersgd":
             self.state = PowerSGDHookState(self.cfg, counter, seed=trainer.cfg.run.seed)
             trainer.module.register_comm_hook(self.state, powersgd_hook)
             trainer.state.rank_states["comm"] = self.state  # error feedback and warm-start factors
@@ -123,13 +142,13 @@ class CommPlugin(Plugin):
         """This rank's error-feedback memory by parameter name: the hook keys it by the parameter's
         ``id``, which does not survive a restart. (A stochastic compressor's draws need no state:
         they follow from the seed, the rank, the step and the tensor.)"""
-        assert isinstance(self.state, HookState)  # registered only with a memory
+        assert isinstance(self.state, HookState | LowRankState)  # registered only with a memory
         names = self.names
         parts = self.state.memory.state_dict()
         return {part: {names[k]: t for k, t in d.items() if k in names} for part, d in parts.items()}
 
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        assert isinstance(self.state, HookState)
+        assert isinstance(self.state, HookState | LowRankState)
         ids: dict[str, Hashable] = {name: key for key, name in self.names.items()}
         on = self.device
         parts = {part: {ids[n]: t.to(on) for n, t in d.items() if n in ids} for part, d in state.items()}
@@ -157,7 +176,7 @@ class CommPlugin(Plugin):
             self.total_cross_host_bytes += self.state.counter.cross_host
             metrics["comm_cross_host_bytes"] = self.state.counter.cross_host
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
-        if isinstance(self.state, HookState) and self.state.memory.residuals:
+        if isinstance(self.state, HookState | LowRankState) and self.state.memory.residuals:
             # how much error feedback is holding back: growth without bound means the compressor
             # cannot keep up (too sparse, or a scale that undershoots)
             metrics["comm_residual_norm"] = self.state.memory.residual_norm()

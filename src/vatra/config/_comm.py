@@ -36,6 +36,14 @@ class CommConfig(Section):
         description="powersgd: rank of the low-rank approximation (rank 4 lost 2–4 points on the synthetic "
         "and gpt_text examples, 16 keeps them within 1).",
     )
+    powersgd_impl: Literal["torch", "vatra"] = Field(
+        "torch",
+        description="powersgd: torch's DDP hook (three all-reduces per bucket), or vatra's (the step's "
+        "matrices in two fused all-reduces, factors in comm.factor_dtype, on the hook's worker thread).",
+    )
+    factor_dtype: Literal["fp32", "fp16"] = Field(
+        "fp32", description="powersgd_impl = 'vatra': precision of the P and Q factors on the wire."
+    )
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
     momentum_correction: bool | Literal["auto"] = Field(
         "auto",

@@ -1,0 +1,192 @@
+"""vatra's own PowerSGD (Vogels et al., NeurIPS 2019): rank-r P·Qᵀ per matrix with warm start and error
+feedback, like torch's hook, but one step's matrices share two fused all-reduces.
+
+torch's hook runs three all-reduces per DDP bucket (uncompressed tensors, then P, then Q), chained
+through future callbacks. On a slow or busy network each collective costs a round of messages
+whatever its size, and the factors are small: the rounds, not the bytes, set the step time. Here
+each bucket's hook call only computes its matrices' P = M·Q (on the hook's worker thread, while
+backward goes on), and the last bucket of the step runs the exchange for all of them: one
+all-reduce of every P (and the uncompressed tensors), one of every Q. Factors may travel in half
+precision (``comm.factor_dtype``); they are orthogonalised and applied in fp32.
+
+Per matrix M (the gradient plus its error-feedback residual, viewed as n × m) and step:
+P = M·Q, all-reduce P (mean), P̂ = orth(P), Q = Mᵀ·P̂, all-reduce Q (mean), M̂ = P̂·Qᵀ, residual
+M − M̂, and Q is kept as the next step's start. Every rank starts Q from the same seeded draw.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations as real objects.
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from vatra.comm.batching import all_reduce_coalesced_
+from vatra.comm.memory import Memory
+from vatra.comm.overlap import BucketWorker, run_bucket
+from vatra.comm.topology import ByteCounter, Topology
+
+MIN_COMPRESSION_RATE = 2.0  # as torch's hook: compress a matrix only if P and Q are ≤ half its size
+
+
+def worth_compressing(shape: torch.Size, rank: int) -> bool:
+    if len(shape) < 2:
+        return False
+    n, m = shape[0], shape.numel() // max(shape[0], 1)
+    r = min(n, m, rank)
+    return n * m >= MIN_COMPRESSION_RATE * (n + m) * r
+
+
+class LowRankMemory(Memory):
+    """Error feedback plus each matrix's warm-start Q, checkpointed together (by the plugin, by name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.factors: dict[Hashable, torch.Tensor] = {}
+
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        return {**super().state_dict(), "factors": self.factors}
+
+    def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
+        super().load_state_dict(state)
+        self.factors = dict(state.get("factors", {}))
+
+
+@dataclass
+class _Bucket:
+    buffer: torch.Tensor
+    keys: list[int]
+    grads: list[torch.Tensor]
+    done: "torch.futures.Future[torch.Tensor]" = field(default_factory=torch.futures.Future)
+    # (key, compensated matrix (n, m), its P = M·Q (n, r), the gradient it came from)
+    matrices: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    vectors: list[torch.Tensor] = field(default_factory=list)  # sent as they are (fp32)
+
+
+@dataclass
+class LowRankState:
+    """What :func:`lowrank_hook` keeps; ``index`` maps a parameter's id to its position in the module,
+    which seeds its first Q identically on every rank."""
+
+    topology: Topology
+    memory: LowRankMemory
+    index: dict[int, int]
+    rank: int = 4
+    start_step: int = 2
+    factor_dtype: torch.dtype = torch.float32
+    bucket_bytes: int = 4 << 20
+    seed: int = 0
+    overlap: bool = False
+    step: int = 0
+    comm_time_s: float = 0.0
+    counter: ByteCounter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counter = self.topology.counter
+        self.worker = BucketWorker("vatra-powersgd") if self.overlap else None
+        self.pending: list[_Bucket] = []
+
+    def forget(self) -> None:
+        self.memory.forget()  # the residuals; warm-start factors are directions only and stay
+
+    def close(self, wait: bool = True) -> None:
+        if self.worker is not None:
+            self.worker.close(wait)
+
+    def start_q(self, key: int, m: int, r: int, like: torch.Tensor) -> torch.Tensor:
+        q = self.memory.factors.get(key)
+        if q is not None and q.shape == (m, r):
+            return q
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.index[key])
+        return torch.randn(m, r, generator=g).to(like)
+
+
+def lowrank_hook(state: LowRankState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    world = state.topology.world_size
+    if state.step < state.start_step:  # warm-up (DDP also rebuilds its buckets after the first step)
+
+        def plain() -> torch.Tensor:
+            t0 = time.perf_counter()
+            state.topology.all_reduce_(buffer)
+            buffer.div_(world)
+            state.comm_time_s += time.perf_counter() - t0
+            return buffer
+
+        return run_bucket(state.worker, plain)
+    job = _Bucket(buffer, [id(p) for p in bucket.parameters()], bucket.gradients())
+    state.pending.append(job)
+    if not bucket.is_last():
+
+        def project() -> torch.Tensor:
+            t0 = time.perf_counter()
+            _project(state, job)
+            state.comm_time_s += time.perf_counter() - t0
+            return buffer
+
+        run_bucket(state.worker, project)  # P = M·Q now, while backward goes on
+        return job.done.then(_result)  # the average comes with the last bucket's exchange
+    jobs, state.pending = state.pending, []
+
+    def exchange() -> torch.Tensor:
+        t0 = time.perf_counter()
+        _project(state, job)
+        _exchange(state, jobs)
+        state.comm_time_s += time.perf_counter() - t0
+        return buffer
+
+    last = run_bucket(state.worker, exchange)
+
+    def settle(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        """The earlier buckets' futures: done by the exchange, or failed with it (never left waiting)."""
+        try:
+            return fut.wait()
+        except Exception as err:
+            for j in jobs[:-1]:
+                if not j.done.done():
+                    j.done.set_exception(err)  # type: ignore[arg-type]
+            raise
+
+    return last.then(settle)
+
+
+def _result(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    return fut.wait()
+
+
+def _project(state: LowRankState, job: _Bucket) -> None:
+    """Each matrix of the bucket: M = gradient + residual, P = M·Q."""
+    for key, g in zip(job.keys, job.grads, strict=True):
+        if not worth_compressing(g.shape, state.rank):
+            job.vectors.append(g)
+            continue
+        m = state.memory.compensate(g, key).reshape(g.shape[0], -1)  # (n, m)
+        q = state.start_q(key, m.shape[1], min(m.shape[0], m.shape[1], state.rank), m)
+        job.matrices.append((key, m, m @ q, g))
+
+
+def _exchange(state: LowRankState, jobs: list[_Bucket]) -> None:
+    """The step's two all-reduces for every bucket's matrices, then each bucket's average."""
+    world = state.topology.world_size
+    vectors = [v for j in jobs for v in j.vectors]
+    mats = [t for j in jobs for t in j.matrices]
+    wire = [p.to(state.factor_dtype) for _, _, p, _ in mats]
+    all_reduce_coalesced_(vectors + wire, state.topology, state.bucket_bytes)
+    for v in vectors:
+        v.div_(world)
+    # orthonormal columns spanning the summed P (the sum and the mean span the same space)
+    hats = [
+        torch.linalg.qr(w.to(m.dtype), mode="reduced").Q for w, (_, m, _, _) in zip(wire, mats, strict=True)
+    ]
+    qs = [(m.T @ h).to(state.factor_dtype) for h, (_, m, _, _) in zip(hats, mats, strict=True)]  # (m, r)
+    all_reduce_coalesced_(qs, state.topology, state.bucket_bytes)
+    for h, q, (key, m, _, g) in zip(hats, qs, mats, strict=True):
+        mean_q = q.to(m.dtype).div_(world)
+        approx = (h @ mean_q.T).view_as(g)
+        state.memory.update(m.view_as(g), key, approx)
+        state.memory.factors[key] = mean_q
+        g.copy_(approx)
+    for j in jobs[:-1]:
+        j.done.set_result(j.buffer)
