@@ -60,6 +60,10 @@ def test_every_part_stays_overridable() -> None:
     for bad in ("comm.start_step=-1", "comm.sparsity_warmup=x", "comm.momentum_correction=x", "comm.ratio=0"):
         with pytest.raises(ConfigError, match="comm"):
             load_config(ROOT / "examples/digits.toml", ["comm.method=topk", bad])
+    for bad in ("comm.powersgd_impl=x", "comm.factor_dtype=bf16", "comm.error_feedback=false"):
+        with pytest.raises(ConfigError, match="comm"):
+            vatra_powersgd = ["comm.method=powersgd", "comm.powersgd_impl=vatra"]
+            load_config(ROOT / "examples/digits.toml", [*vatra_powersgd, bad])
 
 
 def test_sparsity_warmup_falls_geometrically_to_the_ratio() -> None:

@@ -94,12 +94,13 @@ class HookState:
     def forget(self) -> None:
         self.memory.forget()
 
-    def ratio_at(self, step: int) -> float | None:
+    def ratio_at(self, step: int) -> float:
         """The share a sparsifier sends at ``step``: DGC's warm-up falls geometrically from 25 % at
         ``start_step`` to ``ratio`` over ``sparsity_warmup`` steps; every rank computes the same share,
         so payload sizes still depend only on the tensor's shape and the step."""
         ratio, warm = self.ratio, self.sparsity_warmup
-        if ratio is None or warm <= 0 or step >= self.start_step + warm or ratio >= _WARMUP_RATIO:
+        assert ratio is not None, "only a sparsifier has a share"
+        if warm <= 0 or step >= self.start_step + warm or ratio >= _WARMUP_RATIO:
             return ratio
         frac = max(0.0, (step - self.start_step) / warm)
         return float(_WARMUP_RATIO ** (1.0 - frac) * ratio**frac)
@@ -123,8 +124,8 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
             state.topology.all_reduce_(buffer)
             buffer.div_(state.topology.world_size)
         else:
-            if isinstance(state.compressor, SparseCompressor):
-                state.compressor.ratio = state.ratio_at(step) or state.compressor.ratio
+            if isinstance(state.compressor, SparseCompressor) and state.ratio is not None:
+                state.compressor.ratio = state.ratio_at(step)
             _compressed_average(state, keys, grads)
         state.comm_time_s += time.perf_counter() - t0
         return buffer

@@ -58,7 +58,7 @@ class CommPlugin(Plugin):
             self.state = LowRankState(
                 topology=FlatTopology(counter),
                 memory=LowRankMemory(),
-                index={id(p): i for i, p in enumerate(trainer.module.parameters())},
+                index=_positions(trainer),
                 rank=self.cfg.rank,
                 start_step=int(self.cfg.start_step),
                 factor_dtype=torch.float16 if self.cfg.factor_dtype == "fp16" else torch.float32,
@@ -67,11 +67,7 @@ class CommPlugin(Plugin):
                 overlap=self.cfg.overlap,
             )
             trainer.module.register_comm_hook(self.state, lowrank_hook)
-            if self.cfg.error_feedback is False:
-                raise ConfigError("comm.powersgd_impl = 'vatra' always uses error feedback")
-            self.names = {id(p): name for name, p in trainer.model.named_parameters()}
-            self.device = trainer.dist.device
-            trainer.state.rank_states["comm"] = self  # residuals and warm-start factors, by name
+            self._checkpoint_memory(trainer)  # residuals and warm-start factors
         elif self.cfg.method == "powersgd":
             self.state = PowerSGDHookState(self.cfg, counter, seed=trainer.cfg.run.seed)
             trainer.module.register_comm_hook(self.state, powersgd_hook)
@@ -99,8 +95,8 @@ class CommPlugin(Plugin):
                 memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
             draws = None
             if compressor.stochastic:
-                index = {id(p): i for i, p in enumerate(trainer.module.parameters())}
-                draws = TensorDraws(trainer.cfg.run.seed, topology.rank, index, trainer.dist.device)
+                seed, device = trainer.cfg.run.seed, trainer.dist.device
+                draws = TensorDraws(seed, topology.rank, _positions(trainer), device)
             self.state = HookState(
                 compressor=compressor,
                 memory=memory,
@@ -115,15 +111,19 @@ class CommPlugin(Plugin):
             trainer.module.register_comm_hook(self.state, compression_hook)
             if isinstance(topology, HierarchicalTopology):
                 self.total_cross_host_bytes = 0
-            if use_memory:  # residuals (and velocities) are training state: checkpoints keep them
-                self.names = {id(p): name for name, p in trainer.model.named_parameters()}
-                self.device = trainer.dist.device
-                trainer.state.rank_states["comm"] = self
+            if use_memory:
+                self._checkpoint_memory(trainer)  # residuals (and velocities)
         c = self.cfg
         trainer.log_event(
             "comm", method=c.method, topology=topology_name, overlap=c.overlap, start_step=c.start_step,
             sparsity_warmup=c.sparsity_warmup, momentum_correction=c.momentum_correction, ratio=c.ratio,
         )  # fmt: skip
+
+    def _checkpoint_memory(self, trainer: Trainer) -> None:
+        """The hook's memory is training state: checkpoints keep it, by parameter name."""
+        self.names = {id(p): name for name, p in trainer.model.named_parameters()}
+        self.device = trainer.dist.device
+        trainer.state.rank_states["comm"] = self
 
     def _momentum_memory(self, trainer: Trainer, masking: bool) -> MomentumMemory:
         """Move SGD's momentum from the optimizer into each rank's error-feedback memory (DGC)."""
@@ -192,3 +192,8 @@ class CommPlugin(Plugin):
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         if self.state is not None:
             self.state.close(wait=False)  # a bucket may still wait on a peer that is gone
+
+
+def _positions(trainer: Trainer) -> dict[int, int]:
+    """id(parameter) -> its position in the module, the same on every rank (seeds draws and factors)."""
+    return {id(p): i for i, p in enumerate(trainer.module.parameters())}

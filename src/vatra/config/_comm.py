@@ -97,6 +97,10 @@ class CommConfig(Section):
                 "powersgd runs torch's PowerSGD hook, which all-reduces on the default group; "
                 "set comm.topology = 'auto' or 'flat'"
             )
+        if self.method == "powersgd" and self.powersgd_impl == "vatra" and not self.error_feedback:
+            raise ValueError(
+                "comm.powersgd_impl = 'vatra' always uses error feedback; set comm.error_feedback = true"
+            )
         if self.ratio != "auto" and not 0.0 < self.ratio <= 1.0:
             raise ValueError(f"comm.ratio must be 'auto' or a share in (0, 1], got {self.ratio}")
         for key in ("start_step", "sparsity_warmup"):
