@@ -35,14 +35,14 @@ from vatra.federated.wire import WireError, decode, decode_views, encode
 
 @pytest.mark.parametrize("kind", ["aes-ctr", "chacha20"])
 def test_prg_words_look_uniform_and_depend_on_the_seed(kind: str) -> None:
-    seed = os.urandom(32)
+    seed = bytes(range(32))  # fixed: a statistical check on a random seed fails now and then by chance
     words = prg(seed, 50_000, kind)
     assert words.dtype == np.uint32 and words.size == 50_000
     for shift in (0, 24):  # low and high byte of each word
         counts = np.bincount(((words >> np.uint32(shift)) & np.uint32(0xFF)).astype(np.int64), minlength=256)
-        assert stats.chisquare(counts).pvalue > 1e-3  # fails 1 in 1000 by chance
+        assert stats.chisquare(counts).pvalue > 1e-3
     np.testing.assert_array_equal(prg(seed, 50_000, kind), words)  # a function of the seed
-    assert not np.array_equal(prg(os.urandom(32), 50_000, kind), words)
+    assert not np.array_equal(prg(bytes(range(1, 33)), 50_000, kind), words)
     out = np.full(50_004, 7, dtype=np.uint32)
     np.testing.assert_array_equal(prg(seed, 50_000, kind, out=out), words)  # in place, same stream
     with pytest.raises(ValueError, match="n \\+ 4"):

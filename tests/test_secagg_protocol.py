@@ -82,7 +82,7 @@ def test_masked_upload_looks_uniform_and_differs_from_plain() -> None:
     plain = Quantizer(32, 1.0, n).encode(xs[0])
     assert not np.array_equal(y, plain)
     counts = np.bincount((y >> np.uint64(24)).astype(np.int64), minlength=256)  # top 8 bits
-    assert stats.chisquare(counts).pvalue > 1e-3  # uniform: fails only 1 in 1000 by chance
+    assert stats.chisquare(counts).pvalue > 1e-6  # uniform; fresh keys: fails 1 in 10^6 by chance
     plain_counts = np.bincount((plain >> np.uint64(24)).astype(np.int64), minlength=256)
     assert stats.chisquare(plain_counts).pvalue < 1e-6  # the unmasked update is far from uniform
 
