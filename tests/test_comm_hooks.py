@@ -99,7 +99,9 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         # 3. PowerSGD memories that do not fit the buckets they are loaded for (another bucket
         # layout) start afresh instead of failing inside torch's hook.
         cfg = small_config(
-            train={"steps": 4}, dist={"bucket_cap_mb": 0.001}, comm={"method": "powersgd", "rank": 4}
+            train={"steps": 4},
+            dist={"bucket_cap_mb": 0.001},
+            comm={"method": "powersgd", "powersgd_impl": "torch", "rank": 4},
         )
         first = CommPlugin(cfg.comm)
         _train(cfg, ctx, first)

@@ -47,7 +47,9 @@ def test_auto_is_the_recipe_for_each_method() -> None:
         assert c.momentum_correction is False and c.ratio == 0.1, method
     for method in ("qsgd", "fp16", "none"):  # no memory to carry a velocity, or nothing to correct
         assert _resolved(method, *sgd).momentum_correction is False, method
-    assert _resolved("powersgd", *sgd).start_step == 2  # DDP rebuilds its buckets after step 1
+    assert _resolved("powersgd", *sgd).start_step == 0  # vatra's keys its state by parameter
+    # torch's hook keys it by bucket, and DDP rebuilds the buckets after step 1
+    assert _resolved("powersgd", *sgd, "comm.powersgd_impl=torch").start_step == 2
     assert _resolved("topk", *sgd[:1], "optim.momentum=0").momentum_correction is False
 
 

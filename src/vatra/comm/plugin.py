@@ -15,7 +15,7 @@ from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.recipe import resolve_recipe
-from vatra.comm.topology import ByteCounter, FlatTopology, build_topology
+from vatra.comm.topology import ByteCounter, build_topology
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
@@ -53,10 +53,14 @@ class CommPlugin(Plugin):
         compressor = None if self.cfg.method == "powersgd" else build_compressor(self.cfg)
         self.cfg = resolve_recipe(self.cfg, trainer.cfg, compressor)
         counter = ByteCounter()
-        topology_name = "flat"  # powersgd runs torch's own collectives
+        topology_name = "flat"  # torch's powersgd hook runs torch's own collectives
         if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "vatra":
+            topology = build_topology(self.cfg.topology, counter, self.hosts)  # all-reduces compose
+            topology_name = topology.name
+            if isinstance(topology, HierarchicalTopology):
+                self.total_cross_host_bytes = 0
             self.state = LowRankState(
-                topology=FlatTopology(counter),
+                topology=topology,
                 memory=LowRankMemory(),
                 index=_positions(trainer),
                 rank=self.cfg.rank,
@@ -176,6 +180,8 @@ class CommPlugin(Plugin):
             self.total_cross_host_bytes += self.state.counter.cross_host
             metrics["comm_cross_host_bytes"] = self.state.counter.cross_host
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
+        if isinstance(self.state, LowRankState) and self.state.fp32_resends:
+            metrics["comm_fp32_resends"] = self.state.fp32_resends  # so far: half-precision overflows
         if isinstance(self.state, HookState | LowRankState) and self.state.memory.residuals:
             # how much error feedback is holding back: growth without bound means the compressor
             # cannot keep up (too sparse, or a scale that undershoots)

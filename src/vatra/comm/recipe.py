@@ -43,8 +43,8 @@ def resolve_recipe(comm: CommConfig, cfg: Config, compressor: Compressor | None)
     start = comm.start_step
     if start == "auto":
         start = 0 if lossless or cast else optim.warmup_steps
-    if comm.method == "powersgd":
-        start = max(2, start)  # DDP rebuilds its buckets after the first step
+    if comm.method == "powersgd" and comm.powersgd_impl == "torch":
+        start = max(2, start)  # torch's hook keys its state by bucket, and DDP rebuilds them after step 1
     warm = comm.sparsity_warmup
     if warm == "auto":
         warm = start if sparse else 0

@@ -37,12 +37,15 @@ class CommConfig(Section):
         "and gpt_text examples, 16 keeps them within 1).",
     )
     powersgd_impl: Literal["torch", "vatra"] = Field(
-        "torch",
-        description="powersgd: torch's DDP hook (three all-reduces per bucket), or vatra's (the step's "
-        "matrices in two fused all-reduces, factors in comm.factor_dtype, on the hook's worker thread).",
+        "vatra",
+        description="powersgd: vatra's (every bucket's matrices in two fused all-reduces per step, factors "
+        "in comm.factor_dtype, on the hook's worker thread, any comm.topology, compressed from step 0) "
+        "or torch's DDP hook (three all-reduces per bucket, flat topology, from step 2).",
     )
     factor_dtype: Literal["fp32", "fp16"] = Field(
-        "fp32", description="powersgd_impl = 'vatra': precision of the P and Q factors on the wire."
+        "fp16",
+        description="powersgd_impl = 'vatra': precision of the P and Q factors on the wire (a step whose "
+        "half-precision sum overflows sends them again in fp32).",
     )
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
     momentum_correction: bool | Literal["auto"] = Field(
@@ -58,7 +61,8 @@ class CommConfig(Section):
     start_step: int | Literal["auto"] = Field(
         "auto",
         description="Warm-up steps sent uncompressed. auto = the LR warm-up (optim.warmup_steps) for lossy "
-        "methods; powersgd uses at least 2 (DDP rebuilds its buckets after the first step).",
+        "methods; torch's powersgd hook needs at least 2 (it keys its state by DDP bucket, and DDP "
+        "rebuilds its buckets after the first step; vatra's keys it by parameter).",
     )
     sparsity_warmup: int | Literal["auto"] = Field(
         "auto",
@@ -92,10 +96,14 @@ class CommConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> CommConfig:
-        if self.method == "powersgd" and self.topology in ("ring", "hierarchical"):
+        if (
+            self.method == "powersgd"
+            and self.powersgd_impl == "torch"
+            and self.topology in ("ring", "hierarchical")
+        ):
             raise ValueError(
-                "powersgd runs torch's PowerSGD hook, which all-reduces on the default group; "
-                "set comm.topology = 'auto' or 'flat'"
+                "comm.powersgd_impl = 'torch' runs torch's PowerSGD hook, which all-reduces on the default "
+                "group; set comm.topology = 'auto' or 'flat', or comm.powersgd_impl = 'vatra'"
             )
         if self.method == "powersgd" and self.powersgd_impl == "vatra" and not self.error_feedback:
             raise ValueError(

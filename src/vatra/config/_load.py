@@ -116,7 +116,7 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
             )
     elif cfg.comm.method == "powersgd" and "min_numel" in written("comm"):
         raise ConfigError(
-            "comm.min_numel: powersgd ignores it (torch's PowerSGD hook sends vectors, and matrices a "
+            "comm.min_numel: powersgd ignores it (PowerSGD sends vectors, and matrices a "
             "rank-r factorisation would not shrink by 2×, uncompressed); remove comm.min_numel"
         )
 
