@@ -14,7 +14,8 @@ and target for every row. Rows:
 * ``floor``: a hook that sends nothing, so its step time is the compute floor;
 * ``vatra <method>``: only ``comm.method`` set — every other setting is the method's default recipe
   (on 2 × 2, topology ``auto`` is hierarchical: reduced inside the host, compressed between hosts);
-  ``vatra <method> sync`` (pass it in ``--methods``): the same with ``comm.overlap = false``.
+  ``vatra <method> sync`` (pass it in ``--methods``): the same with ``comm.overlap = false``;
+  ``vatra powersgd r4``: vatra's PowerSGD at torch's rank 4 (its default is 16).
 
 Time to target = summed step time up to the first evaluation at or above the target (evaluation
 excluded). Cross-host MB/step = what the kernel counted on the hosts' links (all headers), per host.
@@ -35,7 +36,7 @@ from vatra.launch.cluster import Cluster, ClusterSpec
 
 TORCH = {"ddp fp32": None, "torch fp16": "fp16", "torch powersgd": "powersgd", "floor": "floor"}
 VATRA = ["fp16", "bf16", "topk", "randomk", "onebit", "qsgd", "powersgd"]
-METHODS = [*TORCH, *(f"vatra {m}" for m in VATRA)]
+METHODS = [*TORCH, *(f"vatra {m}" for m in VATRA), "vatra powersgd r4"]  # r4: torch's rank
 SYNC = [f"vatra {m} sync" for m in VATRA]  # the same with comm.overlap = false: what overlap buys
 LAYOUTS = {"4x1": (4, 1), "2x2": (2, 2)}
 
@@ -45,8 +46,9 @@ def run_sets(name: str) -> tuple[list[str], str | None]:
     if name in TORCH:
         single = ["dist.bucket_cap_mb=64"] if name == "torch powersgd" else []
         return ["comm.method=none", *single], TORCH[name]
-    method = name.removeprefix("vatra ").removesuffix(" sync")
-    return [f"comm.method={method}", *(["comm.overlap=false"] if name.endswith(" sync") else [])], None
+    method = name.removeprefix("vatra ").removesuffix(" sync").removesuffix(" r4")
+    extra = ["comm.overlap=false"] if name.endswith(" sync") else []
+    return [f"comm.method={method}", *extra, *(["comm.rank=4"] if name.endswith(" r4") else [])], None
 
 
 def table(rows: list[dict[str, Any]], where: str, target: float) -> None:
