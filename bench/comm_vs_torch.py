@@ -45,7 +45,9 @@ def run_sets(name: str) -> tuple[list[str], str | None]:
     """The overrides of one row, and the torch hook it runs (None: vatra's own plugin)."""
     if name in TORCH:
         single = ["dist.bucket_cap_mb=64"] if name == "torch powersgd" else []
-        return ["comm.method=none", *single], TORCH[name]
+        # flat: on several hosts of several processes topology auto is vatra's hierarchical
+        # all-reduce, which is a hook of its own (torch's could not be registered beside it)
+        return ["comm.method=none", "comm.topology=flat", *single], TORCH[name]
     method = name.removeprefix("vatra ").removesuffix(" sync").removesuffix(" r4")
     extra = ["comm.overlap=false"] if name.endswith(" sync") else []
     return [f"comm.method={method}", *extra, *(["comm.rank=4"] if name.endswith(" r4") else [])], None

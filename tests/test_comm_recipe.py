@@ -126,14 +126,14 @@ def _example_worker(rank: int, init_file: str, out: str, methods: list[str]) -> 
 
 def test_methods_with_only_the_method_set_end_within_a_point_on_digits(tmp_path: Path) -> None:
     """examples/digits.toml (AdamW, 300 steps) on 2 ranks. Before the recipes, with the same command,
-    topk ended 3.6 points behind, qsgd 1.4 and powersgd 0.8 (docs/communication.md's table has every
-    method; randomk is the one that still does not make it, and is not claimed)."""
+    topk ended 3.6 points behind, onebit 1.7, qsgd 1.4 and powersgd 0.8 (docs/communication.md's table
+    has every method; randomk is the one that still does not make it, and is not claimed)."""
     import json
 
     import torch.multiprocessing as mp
 
     out = tmp_path / "acc.json"
-    methods = ["none", "topk", "qsgd", "onebit"]
+    methods = ["none", "fp16", "bf16", "topk", "onebit", "qsgd", "powersgd"]
     mp.start_processes(
         _example_worker, args=(str(tmp_path / "rdzv"), str(out), methods), nprocs=2, start_method="spawn"
     )
