@@ -125,7 +125,8 @@ class CommPlugin(Plugin):
 
     def _checkpoint_memory(self, trainer: Trainer) -> None:
         """The hook's memory is training state: checkpoints keep it, by parameter name."""
-        self.names = {id(p): name for name, p in trainer.model.named_parameters()}
+        # every trained parameter, a loss's own included (an Objective wraps the model and the loss)
+        self.names = {id(p): name for name, p in trainer.trainable.named_parameters()}
         self.device = trainer.dist.device
         trainer.state.rank_states["comm"] = self
 
