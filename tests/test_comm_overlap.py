@@ -156,6 +156,7 @@ def test_a_stochastic_compressors_draws_follow_the_step_and_the_tensor_only(tmp_
             trainer = SimpleNamespace(
                 module=DDP(model, bucket_cap_mb=0.0002),  # 200 B: after the first step, 3 buckets
                 model=model,
+                trainable=model,
                 dist=SimpleNamespace(world_size=1, device=torch.device("cpu")),
                 state=SimpleNamespace(rank_states={}, step=0, skip_update=False),
                 cfg=load_config(None, ["run.seed=7"]),  # AdamW, no LR warm-up: compressed from step 0

@@ -207,6 +207,7 @@ def test_user_compressor_runs_in_the_comm_plugin_with_error_feedback(
         trainer = SimpleNamespace(
             module=DDP(model),
             model=model,
+            trainable=model,
             dist=SimpleNamespace(world_size=1, device=torch.device("cpu")),
             state=SimpleNamespace(rank_states={}, step=0, skip_update=False),
             cfg=config_from_dict({"run": {"seed": 0}}),
