@@ -2,12 +2,13 @@
 feedback, like torch's hook, but one step's matrices share two fused all-reduces.
 
 torch's hook runs three all-reduces per DDP bucket (uncompressed tensors, then P, then Q), chained
-through future callbacks. On a slow or busy network each collective costs a round of messages
-whatever its size, and the factors are small: the rounds, not the bytes, set the step time. Here
-each bucket's hook call only computes its matrices' P = M·Q (on the hook's worker thread, while
-backward goes on), and the last bucket of the step runs the exchange for all of them: one
-all-reduce of every P (and the uncompressed tensors), one of every Q. Factors may travel in half
-precision (``comm.factor_dtype``); they are orthogonalised and applied in fp32.
+through future callbacks, and keys its state by bucket, so it must send its first steps uncompressed
+while DDP rebuilds its buckets. Here state is keyed by parameter (compressed from step 0), each
+bucket's hook call only computes its matrices' P = M·Q (on the hook's worker thread, while backward
+goes on), and the last bucket of the step runs the exchange for all of them: one all-reduce of every
+P (and the uncompressed tensors), one of every Q. Factors travel in ``comm.factor_dtype`` (fp16 by
+default); they are orthogonalised and applied in fp32. On CPU the step is bound by passes over the
+gradient more than by the link, so error feedback works in place and M̂ is written into the bucket.
 
 Per matrix M (the gradient plus its error-feedback residual, viewed as n × m) and step:
 P = M·Q, all-reduce P (mean), P̂ = orth(P), Q = Mᵀ·P̂, all-reduce Q (mean), M̂ = P̂·Qᵀ, residual
@@ -127,7 +128,7 @@ class LowRankState:
 def lowrank_hook(state: LowRankState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
     world = state.topology.world_size
-    if state.step < state.start_step:  # warm-up (DDP also rebuilds its buckets after the first step)
+    if state.step < state.start_step:  # an uncompressed warm-up, when asked for (comm.start_step)
 
         def plain() -> torch.Tensor:
             t0 = time.perf_counter()

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from vatra.comm._base import SparseCompressor, build_compressor
+from vatra.comm._base import Compressor, SparseCompressor, build_compressor
 from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, TensorDraws, compression_hook
 from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.recipe import resolve_recipe
-from vatra.comm.topology import ByteCounter, build_topology
+from vatra.comm.topology import ByteCounter, Topology, build_topology
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
@@ -53,26 +53,8 @@ class CommPlugin(Plugin):
         compressor = None if self.cfg.method == "powersgd" else build_compressor(self.cfg)
         self.cfg = resolve_recipe(self.cfg, trainer.cfg, compressor)
         counter = ByteCounter()
-        topology_name = "flat"  # torch's powersgd hook runs torch's own collectives
-        if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "vatra":
-            topology = build_topology(self.cfg.topology, counter, self.hosts)  # all-reduces compose
-            topology_name = topology.name
-            if isinstance(topology, HierarchicalTopology):
-                self.total_cross_host_bytes = 0
-            self.state = LowRankState(
-                topology=topology,
-                memory=LowRankMemory(),
-                index=_positions(trainer),
-                rank=self.cfg.rank,
-                start_step=int(self.cfg.start_step),
-                factor_dtype=torch.float16 if self.cfg.factor_dtype == "fp16" else torch.float32,
-                bucket_bytes=int(self.cfg.bucket_mb * 2**20),
-                seed=trainer.cfg.run.seed,
-                overlap=self.cfg.overlap,
-            )
-            trainer.module.register_comm_hook(self.state, lowrank_hook)
-            self._checkpoint_memory(trainer)  # residuals and warm-start factors
-        elif self.cfg.method == "powersgd":
+        if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "torch":
+            topology_name = "flat"  # torch's hook runs torch's own collectives
             self.state = PowerSGDHookState(self.cfg, counter, seed=trainer.cfg.run.seed)
             trainer.module.register_comm_hook(self.state, powersgd_hook)
             trainer.state.rank_states["comm"] = self.state  # error feedback and warm-start factors
@@ -87,41 +69,67 @@ class CommPlugin(Plugin):
                 self.builtin_bytes = 2 * (w - 1) * grad_bytes // w
                 trainer.log_event("comm", method="none", topology="flat", hook="ddp-builtin")
                 return
-            assert compressor is not None
-            use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
-            memory = Memory() if use_memory else NoMemory()
-            if self.cfg.momentum_correction:  # resolved: "auto" is on only where it applies
-                if not use_memory:  # built-ins are refused at load time; a user's class only now
-                    raise ConfigError(
-                        f"comm.momentum_correction: {self.cfg.method!r} takes no error feedback (the class "
-                        "is lossless or sets error_feedback = False); set comm.momentum_correction = false"
-                    )
-                memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
-            draws = None
-            if compressor.stochastic:
-                seed, device = trainer.cfg.run.seed, trainer.dist.device
-                draws = TensorDraws(seed, topology.rank, _positions(trainer), device)
-            self.state = HookState(
-                compressor=compressor,
-                memory=memory,
-                topology=topology,
-                start_step=int(self.cfg.start_step),
-                sparsity_warmup=int(self.cfg.sparsity_warmup),
-                min_numel=self.cfg.min_numel,
-                bucket_bytes=int(self.cfg.bucket_mb * 2**20),
-                overlap=self.cfg.overlap,
-                draws=draws,
-            )
-            trainer.module.register_comm_hook(self.state, compression_hook)
             if isinstance(topology, HierarchicalTopology):
                 self.total_cross_host_bytes = 0
-            if use_memory:
-                self._checkpoint_memory(trainer)  # residuals (and velocities)
+            if self.cfg.method == "powersgd":  # vatra's: its all-reduces compose with any topology
+                self.state = self._lowrank_state(trainer, topology)
+                trainer.module.register_comm_hook(self.state, lowrank_hook)
+                self._checkpoint_memory(trainer)  # residuals and warm-start factors
+            else:
+                assert compressor is not None
+                self.state, use_memory = self._hook_state(trainer, compressor, topology)
+                trainer.module.register_comm_hook(self.state, compression_hook)
+                if use_memory:
+                    self._checkpoint_memory(trainer)  # residuals (and velocities)
         c = self.cfg
         trainer.log_event(
             "comm", method=c.method, topology=topology_name, overlap=c.overlap, start_step=c.start_step,
             sparsity_warmup=c.sparsity_warmup, momentum_correction=c.momentum_correction, ratio=c.ratio,
         )  # fmt: skip
+
+    def _lowrank_state(self, trainer: Trainer, topology: Topology) -> LowRankState:
+        c = self.cfg
+        return LowRankState(
+            topology=topology,
+            memory=LowRankMemory(),
+            index=_positions(trainer),
+            rank=c.rank,
+            start_step=int(c.start_step),
+            factor_dtype=torch.float16 if c.factor_dtype == "fp16" else torch.float32,
+            bucket_bytes=int(c.bucket_mb * 2**20),
+            seed=trainer.cfg.run.seed,
+            overlap=c.overlap,
+        )
+
+    def _hook_state(
+        self, trainer: Trainer, compressor: Compressor, topology: Topology
+    ) -> tuple[HookState, bool]:
+        """The compression hook's state, and whether it has error-feedback memory to checkpoint."""
+        use_memory = self.cfg.error_feedback and compressor.error_feedback and not compressor.lossless
+        memory = Memory() if use_memory else NoMemory()
+        if self.cfg.momentum_correction:  # resolved: "auto" is on only where it applies
+            if not use_memory:  # built-ins are refused at load time; a user's class only now
+                raise ConfigError(
+                    f"comm.momentum_correction: {self.cfg.method!r} takes no error feedback (the class "
+                    "is lossless or sets error_feedback = False); set comm.momentum_correction = false"
+                )
+            memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
+        draws = None
+        if compressor.stochastic:
+            seed, device = trainer.cfg.run.seed, trainer.dist.device
+            draws = TensorDraws(seed, topology.rank, _positions(trainer), device)
+        state = HookState(
+            compressor=compressor,
+            memory=memory,
+            topology=topology,
+            start_step=int(self.cfg.start_step),
+            sparsity_warmup=int(self.cfg.sparsity_warmup),
+            min_numel=self.cfg.min_numel,
+            bucket_bytes=int(self.cfg.bucket_mb * 2**20),
+            overlap=self.cfg.overlap,
+            draws=draws,
+        )
+        return state, use_memory
 
     def _checkpoint_memory(self, trainer: Trainer) -> None:
         """The hook's memory is training state: checkpoints keep it, by parameter name."""

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def resolve_recipe(comm: CommConfig, cfg: Config, compressor: Compressor | None) -> CommConfig:
     """``comm`` with every ``"auto"`` replaced by the value this run gets (the plugin logs them).
-    ``compressor`` is the method's (None for powersgd, which torch's hook runs)."""
+    ``compressor`` is the method's (None for powersgd, a DDP hook with no Compressor)."""
     lossless = compressor is not None and compressor.lossless
     cast = getattr(compressor, "wire_dtype", None) is not None  # fp16/bf16: rounding, nothing dropped
     sparse = isinstance(compressor, SparseCompressor)
