@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
 from vatra.config import Config, config_from_dict, dump_toml, load_config
 from vatra.engine import DistContext, Plugin, Trainer
@@ -44,7 +45,7 @@ def build_plugins(cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = ()) ->
     """The plugins a config asks for, in dispatch order, with the caller's ``extra`` ones.
 
     Order matters: fault injection first (everything after it sees the fault), then
-    communication, monitoring and healing, checkpointing, the caller's plugins; display and
+    communication, balancing, monitoring and healing, checkpointing, the caller's plugins; display and
     run-folder writers last so they record what the others added to the step's metrics.
     """
     plugins: list[Plugin] = []
@@ -53,6 +54,8 @@ def build_plugins(cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = ()) ->
     if cfg.chaos.kill_at_steps:
         plugins.append(KillInjector(cfg.chaos, run_dir))
     plugins.append(CommPlugin(cfg.comm))
+    if Balancer.wanted(cfg.balance):
+        plugins.append(Balancer(cfg.balance))
     if cfg.monitor.enabled:
         plugins.append(Monitor(cfg, run_dir))
     if cfg.heal.enabled:

@@ -1,5 +1,6 @@
 """The ``vatra`` command line."""
 
+from vatra.cli import balance as _balance  # noqa: F401  (registers balance train-agent)
 from vatra.cli import ckpt as _ckpt  # noqa: F401  (registers the ckpt commands)
 from vatra.cli import cluster as _cluster  # noqa: F401  (registers cluster up/run/down)
 from vatra.cli import data as _data  # noqa: F401  (registers the data commands)

@@ -1,5 +1,6 @@
 """Typed run configuration: sections, TOML loading, overrides."""
 
+from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
@@ -27,6 +28,7 @@ from vatra.config._sections import (
 from vatra.config._tune import ParamConfig, TuneConfig
 
 __all__ = [
+    "BalanceConfig",
     "ChaosConfig",
     "CheckpointConfig",
     "CommConfig",

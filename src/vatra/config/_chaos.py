@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from vatra.config._sections import Section
 
@@ -47,6 +47,21 @@ class ChaosConfig(Section):
     lr_spike_steps: int = Field(10, ge=1, description="How many steps each LR spike lasts.")
     slow_rank: int | None = Field(None, ge=0, description="Rank that sleeps slow_rank_s every step.")
     slow_rank_s: float = Field(0.05, ge=0.0, description="Seconds slow_rank sleeps per step.")
+    speed_factors: list[float] = Field(
+        [],
+        description="Mixed hardware on one machine: rank r computes speed_factors[r] times slower (each "
+        "forward pass is followed by a sleep of (factor - 1) × its forward-and-backward time); [] = off.",
+    )
+
+    @field_validator("speed_factors")
+    @classmethod
+    def _factors(cls, value: list[float]) -> list[float]:
+        if any(f < 1.0 for f in value):
+            raise ValueError(
+                f"every speed factor must be ≥ 1 (1 = full speed, 4 = four times slower); got {value}"
+            )
+        return value
+
     # federated drop-outs (secure aggregation)
     drop_clients_at: DropClientsAt | None = Field(
         None, description="{round, stage, count}: clients that drop out mid-protocol in that round."

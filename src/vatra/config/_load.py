@@ -11,6 +11,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, model_validator
 
+from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig
@@ -60,6 +61,7 @@ class Config(Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
+    balance: BalanceConfig = Field(default_factory=BalanceConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:
@@ -88,6 +90,16 @@ class Config(Section):
                 heal.enabled = False
         return self
 
+    @model_validator(mode="after")
+    def _balance_sharding(self) -> Config:
+        if self.balance.method != "off" and self.data.sharding in ("dirichlet", "label_skew"):
+            raise ValueError(
+                f"balance.method = {self.balance.method!r} draws every rank's slice from one global order "
+                f"over the training set, so data.sharding = {self.data.sharding!r} (non-IID shards) cannot "
+                "hold; set balance.method = 'off' or data.sharding = 'random'"
+            )
+        return self
+
 
 RunKind = Literal["train", "federated"]
 
@@ -113,6 +125,12 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
                 f"{', '.join(ignored)}: a federated run reads no [checkpoint] or [store] keys (the "
                 "server saves its whole state to <run>/checkpoints/server.safetensors after every "
                 "round); remove them"
+            )
+        if written("balance"):
+            raise ConfigError(
+                f"{', '.join(f'balance.{k}' for k in written('balance'))}: a federated run reads no "
+                "[balance] keys (each client trains its own data at its own pace); remove the [balance] "
+                "section"
             )
     elif cfg.comm.method == "powersgd" and "min_numel" in written("comm"):
         raise ConfigError(
@@ -261,11 +279,11 @@ def load_config(
 
 
 def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:
-    """Make relative local paths (``data.path``, ``federated.partition.file``) absolute against
-    ``base`` (URLs such as s3:// stay)."""
+    """Make relative local paths (``data.path``, ``federated.partition.file``, ``balance.policy``)
+    absolute against ``base`` (URLs such as s3:// stay)."""
     fed = raw.get("federated")
     part = fed.get("partition") if isinstance(fed, dict) else None
-    for section, key in ((raw.get("data"), "path"), (part, "file")):
+    for section, key in ((raw.get("data"), "path"), (part, "file"), (raw.get("balance"), "policy")):
         if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
             given = section[key]
             if "://" not in given and not Path(given).is_absolute():

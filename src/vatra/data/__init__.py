@@ -19,7 +19,7 @@ from vatra.data.images import ImageFolderDataset
 from vatra.data.infer import infer_spec, user_datasets
 from vatra.data.partition import PARTITIONERS, partition
 from vatra.data.preprocess import Preprocess
-from vatra.data.sampler import ShardSampler
+from vatra.data.sampler import GlobalBatchSampler, ShardSampler, even_split
 from vatra.data.stream import ParquetStream
 from vatra.data.table import RankingDataset, TableDataset
 
@@ -30,6 +30,7 @@ __all__ = [
     "DataContext",
     "DatasetSpec",
     "Datasets",
+    "GlobalBatchSampler",
     "ImageFolderDataset",
     "ParquetStream",
     "Preprocess",
@@ -41,6 +42,7 @@ __all__ = [
     "TargetSpec",
     "TaskKind",
     "build_dataset",
+    "even_split",
     "infer_spec",
     "partition",
     "to_device",

@@ -30,8 +30,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from vatra.data._base import Batch, BatchedDataset, StreamDataset, to_device
-from vatra.data.sampler import ShardSampler
+from vatra.data.sampler import GlobalBatchSampler, ShardSampler
 from vatra.errors import ConfigError
+
+AnySampler = ShardSampler | GlobalBatchSampler
 
 
 def _keep(batch: Any) -> Any:
@@ -55,7 +57,7 @@ class _BatchView(torch.utils.data.Dataset[Batch]):
 class _Endless(Sampler[Any]):
     """The batches of a (look-ahead copy of a) ShardSampler, forever: index arrays or lists."""
 
-    def __init__(self, sampler: ShardSampler, as_list: bool) -> None:
+    def __init__(self, sampler: AnySampler, as_list: bool) -> None:
         self.sampler = sampler
         self.as_list = as_list
 
@@ -116,7 +118,7 @@ class _ReadAhead:
 class _Pooled:
     """Batches of a sampler's order fetched by ``depth`` threads, ``depth`` in flight, yielded in order."""
 
-    def __init__(self, sampler: ShardSampler, fetch: Callable[[np.ndarray], Any], depth: int) -> None:
+    def __init__(self, sampler: AnySampler, fetch: Callable[[np.ndarray], Any], depth: int) -> None:
         self.sampler = sampler
         self.fetch = fetch
         self.pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="vatra-prefetch")
@@ -244,7 +246,7 @@ class MapBatches(Batches):
 
     kind = "map"
 
-    def __init__(self, dataset: Any, sampler: ShardSampler, **opts: Any) -> None:
+    def __init__(self, dataset: Any, sampler: AnySampler, **opts: Any) -> None:
         super().__init__(**opts)
         self.dataset = dataset
         self.sampler = sampler

@@ -178,3 +178,143 @@ def owed(state: dict[str, Any], shard: np.ndarray, through: int, shuffle: bool =
         order = epoch_order(seed, e, len(shard), shuffle)
         parts.append(shard[order[position if e == epoch else 0 :]])
     return np.concatenate(parts)
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` samples over ``parts`` ranks as evenly as integers allow (the first ones get the extra)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+class GlobalBatchSampler:
+    """One seeded order over the whole training set, cut into global batches, each rank its slice.
+
+    Step after step the ranks consume ``sum(sizes)`` samples (the global batch) of epoch ``e``'s
+    order ``default_rng([seed, e]).permutation(size)``; rank r takes the ``sizes[r]`` after the
+    slices of the ranks before it. So whatever the split, the union of the ranks' batches is the
+    same global batch, every sample is visited once per epoch, and a step with per-rank losses
+    weighted by ``sizes[r] / sum(sizes)`` equals one step on that batch. The state is global
+    (the same on every rank) and holds the split; :meth:`resize` changes the split between steps
+    (a balancer's decision), and a world-size change keeps the position and the global batch
+    and splits it evenly (:meth:`take_over`). Same interface as :class:`ShardSampler`.
+    """
+
+    def __init__(self, indices: np.ndarray, sizes: list[int], rank: int, *, seed: int, shuffle: bool = True):
+        if len(indices) == 0:
+            raise ValueError("GlobalBatchSampler needs a non-empty dataset")
+        if not 0 <= rank < len(sizes) or min(sizes) < 1:
+            raise ValueError(f"sizes {sizes} must give each of the ranks (this one: {rank}) ≥ 1 sample")
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.sizes = [int(b) for b in sizes]
+        self.rank = rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self.carry = np.empty(0, dtype=np.int64)  # never used: the interface MapBatches reads
+        self.version = 0
+        self._order_epoch = -1
+        self._order = np.empty(0, dtype=np.int64)
+
+    @property
+    def batch_size(self) -> int:
+        """This rank's samples per batch."""
+        return self.sizes[self.rank]
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.sizes)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order_epoch != epoch:
+            self._order = epoch_order(self.seed, epoch, len(self.indices), self.shuffle)
+            self._order_epoch = epoch
+        return self._order
+
+    def _take(self, start: int, count: int) -> np.ndarray:
+        """``count`` indices of the endless order from global offset ``start`` (epochs × size + position)."""
+        size, parts = len(self.indices), []
+        epoch, pos = divmod(start, size)
+        while count > 0:
+            take = self._epoch_order(epoch)[pos : pos + count]
+            parts.append(self.indices[take])
+            count -= len(take)
+            epoch, pos = epoch + 1, 0
+        return np.concatenate(parts)
+
+    def next_batch(self) -> np.ndarray:
+        """This rank's slice of the next global batch."""
+        offset = self.epoch * len(self.indices) + self.position
+        mine = self._take(offset + sum(self.sizes[: self.rank]), self.batch_size)
+        self.advance()
+        return mine
+
+    def advance(self) -> None:
+        """Move past one global batch."""
+        size = len(self.indices)
+        self.epoch, self.position = divmod(self.epoch * size + self.position + self.global_batch, size)
+
+    def resize(self, sizes: list[int]) -> None:
+        """A new split for the next batches (one size per rank, each ≥ 1); a loader reading ahead restarts."""
+        if len(sizes) != len(self.sizes) or min(sizes) < 1:
+            raise ValueError(f"resize: {sizes} must give each of the {len(self.sizes)} ranks ≥ 1 sample")
+        if list(sizes) != self.sizes:
+            self.sizes = [int(b) for b in sizes]
+            self.version += 1
+
+    def remaining_in_epoch(self) -> np.ndarray:
+        return self.indices[self._epoch_order(self.epoch)[self.position :]]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "size": len(self.indices),
+            "sizes": list(self.sizes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved global position and split (same dataset, seed and world size)."""
+        if "sizes" not in state:
+            raise ValueError(
+                "the saved data position is per-rank shards (balance off) but this run has balance on; "
+                "resume with the balance.method it was saved with"
+            )
+        if state["size"] != len(self.indices) or state["seed"] != self.seed:
+            raise ValueError(
+                f"the saved data position is for {state['size']} samples and seed {state['seed']}, this run "
+                f"has {len(self.indices)} and {self.seed}; resume with the same dataset and run.seed"
+            )
+        if len(state["sizes"]) != len(self.sizes):
+            raise ValueError(f"the saved split {state['sizes']} is for another world size")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.sizes = [int(b) for b in state["sizes"]]
+        self.version += 1
+
+    def take_over(self, old: list[tuple[dict[str, Any], np.ndarray]], rank: int, world_size: int) -> None:
+        """Another world size: the same global position (every saved rank holds it) and global batch,
+        split evenly; the balancer sizes it again from its new measurements."""
+        state = old[0][0]
+        if "sizes" not in state:
+            raise ValueError(
+                "it was saved with per-rank shards (balance off) and this run has balance on; resume with "
+                "the balance.method it was saved with"
+            )
+        if state["size"] != len(self.indices) or state["seed"] != self.seed:
+            raise ValueError("it is for another dataset or run.seed")
+        total = sum(int(b) for b in state["sizes"])
+        if total < world_size:
+            raise ValueError(f"its global batch of {total} cannot give each of {world_size} ranks a sample")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.sizes = even_split(total, world_size)
+        self.rank = rank
+        self.version += 1
+
+    def copy(self) -> GlobalBatchSampler:
+        twin = GlobalBatchSampler(self.indices, self.sizes, self.rank, seed=self.seed, shuffle=self.shuffle)
+        twin.epoch, twin.position = self.epoch, self.position
+        return twin

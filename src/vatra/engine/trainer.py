@@ -21,6 +21,7 @@ from vatra.data import (
     Batch,
     DataContext,
     DatasetSpec,
+    GlobalBatchSampler,
     ShardSampler,
     StreamDataset,
     build_dataset,
@@ -95,7 +96,7 @@ class Trainer:
         train: Any,
         val: Any | None,
         spec: DatasetSpec,
-        sampler: ShardSampler | None = None,
+        sampler: ShardSampler | GlobalBatchSampler | None = None,
         *,
         loss: Any = None,
         dist: DistContext | None = None,
@@ -140,6 +141,19 @@ class Trainer:
             "device": ctx.device,
         }
         data = self.train_data
+        balanced = cfg.balance.method != "off"
+        if balanced and isinstance(data, IterableDataset):
+            raise ConfigError(
+                f"balance.method = {cfg.balance.method!r} splits one global order of a map-style dataset "
+                f"among the ranks, but the training data is a stream ({type(data).__name__}); set "
+                "balance.method = 'off', or give a map-style dataset (__len__ and __getitem__)"
+            )
+        if balanced and self.sampler is None:
+            try:
+                sizes = cfg.balance.sizes(ctx.world_size, cfg.train.batch_size)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            self.sampler = GlobalBatchSampler(np.arange(len(data)), sizes, ctx.rank, seed=cfg.run.seed)
         if isinstance(data, StreamDataset):
             return StreamBatches(
                 data,
@@ -257,7 +271,7 @@ class Trainer:
             if micro < accum - 1 and isinstance(self.module, DDP):
                 sync = self.module.no_sync()
             with sync:
-                loss_sum += self.forward_backward(inputs, target, scale=1.0 / accum)
+                loss_sum += self.forward_backward(inputs, target, scale=self.loss_weight / accum)
             fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
@@ -269,12 +283,12 @@ class Trainer:
         self.scheduler.step()
         state.step += 1
         step_time = time.perf_counter() - t0
-        batch = self.cfg.train.batch_size * accum * self.dist.world_size
+        batch = self.global_batch * accum
         state.samples_seen += batch
         state.train_time_s += step_time
         return {
             "step": state.step,
-            "loss": loss_sum.item() / accum,
+            "loss": loss_sum.item() / accum,  # this rank's mean loss (unweighted)
             "lr": lr,
             "grad_norm": grad_norm,
             "samples_per_s": batch / step_time,
@@ -294,6 +308,22 @@ class Trainer:
                 loss = self.module(inputs, target)  # Objective: the loss's own parameters train too
         self.scaler.scale(loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per micro-step over all ranks."""
+        if isinstance(self.sampler, GlobalBatchSampler):
+            return self.sampler.global_batch
+        return self.cfg.train.batch_size * self.dist.world_size
+
+    @property
+    def loss_weight(self) -> float:
+        """What this rank's mean loss is multiplied by before backward, so that DDP's average of the
+        ranks' gradients is the gradient of the mean loss over the union batch: W · b_r / B with uneven
+        per-rank batches b_r (sum B, W ranks), 1 with even ones."""
+        if isinstance(self.sampler, GlobalBatchSampler):
+            return self.dist.world_size * self.sampler.batch_size / self.sampler.global_batch
+        return 1.0
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:

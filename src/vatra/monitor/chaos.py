@@ -9,6 +9,7 @@ import torch
 
 from vatra.config import ChaosConfig
 from vatra.engine import Plugin
+from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
     from vatra.data import Batch
@@ -36,6 +37,9 @@ class TrainingFaults(Plugin):
     - ``lr_spike_at``: the LR of the steps on the data of steps s … s + ``lr_spike_steps`` − 1 is
       multiplied by ``lr_spike_factor``; the scheduler sets the planned LR again after each step.
     - ``slow_rank``: that rank sleeps ``slow_rank_s`` in the forward pass of every step.
+    - ``speed_factors``: rank r's every training forward pass is followed by a sleep of
+      (factor − 1) × 3 × that pass's time (backward costs about twice the forward), so the rank
+      computes about ``factor`` times slower, in proportion to its batch, as slower hardware does.
 
     Each ``chaos`` event carries ``at_step`` (the step that met the fault) and ``data_step``.
     """
@@ -48,10 +52,19 @@ class TrainingFaults(Plugin):
         self.drawn: int | None = None  # batches drawn by the trainer (set at the first step)
         self.handles: list[Any] = []
         self.trainer: Trainer | None = None  # whose next_batch is wrapped
+        self.factor = 1.0  # this rank's chaos.speed_factors entry
+        self.in_step = False  # between on_step_start and after_backward: training forward passes
+        self.forward_t0 = 0.0
 
     @classmethod
     def wanted(cls, cfg: ChaosConfig) -> bool:
-        return bool(cfg.inject_nan_at or cfg.grad_spike_at or cfg.lr_spike_at or cfg.slow_rank is not None)
+        return bool(
+            cfg.inject_nan_at
+            or cfg.grad_spike_at
+            or cfg.lr_spike_at
+            or cfg.slow_rank is not None
+            or cfg.speed_factors
+        )
 
     def on_fit_start(self, trainer: Trainer) -> None:
         model = trainer.model
@@ -62,6 +75,19 @@ class TrainingFaults(Plugin):
             trainer.log_event(
                 "chaos", fault="slow_rank", slow_rank=self.cfg.slow_rank, sleep_s=self.cfg.slow_rank_s
             )
+        factors = self.cfg.speed_factors
+        if factors:
+            if len(factors) != trainer.dist.world_size:
+                raise ConfigError(
+                    f"chaos.speed_factors lists {len(factors)} factors but the run has "
+                    f"{trainer.dist.world_size} ranks; give one per rank"
+                )
+            self.factor = factors[trainer.dist.rank]
+            if self.factor > 1.0:
+                self.handles.append(model.register_forward_pre_hook(self._clock_hook))
+                self.handles.append(model.register_forward_hook(self._slower_hook))
+            if trainer.dist.is_main:
+                trainer.log_event("chaos", fault="speed_factors", speed_factors=list(factors))
         if self.cfg.grad_spike_at:
             factor = self.cfg.grad_spike_factor
             for p in model.parameters():
@@ -83,7 +109,7 @@ class TrainingFaults(Plugin):
         data_step = self.drawn // accum + 1
         self.nan = data_step in self.cfg.inject_nan_at
         self.spike = data_step in self.cfg.grad_spike_at
-        self.slow = True
+        self.slow = self.in_step = True
         if data_step in self.lr_spike_steps:
             for group in trainer.optimizer.param_groups:
                 group["lr"] *= self.cfg.lr_spike_factor
@@ -102,7 +128,7 @@ class TrainingFaults(Plugin):
                 )
 
     def after_backward(self, trainer: Trainer) -> None:
-        self.nan = self.spike = self.slow = False  # evaluation's forward passes stay clean
+        self.nan = self.spike = self.slow = self.in_step = False  # evaluation's forward passes stay clean
 
     def _nan_hook(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor | None:
         return output * float("nan") if self.nan else None
@@ -111,6 +137,13 @@ class TrainingFaults(Plugin):
         if self.slow:
             self.slow = False  # once per step, however many micro-batches
             time.sleep(self.cfg.slow_rank_s)
+
+    def _clock_hook(self, module: torch.nn.Module, args: Any) -> None:
+        self.forward_t0 = time.perf_counter()
+
+    def _slower_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.in_step:
+            time.sleep((self.factor - 1.0) * 3.0 * (time.perf_counter() - self.forward_t0))
 
     def _remove(self) -> None:
         for h in self.handles:

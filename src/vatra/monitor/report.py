@@ -58,6 +58,8 @@ PANELS = (
     ),
     Panel("Per-rank step time (s, window mean)", ("rank_step_time_s",), marks=False),
     Panel("Per-rank compute time (s, window mean): stragglers stand out", ("rank_compute_time_s",)),
+    Panel("Per-rank batch size (balance)", ("rank_batch_size",), marks=False),
+    Panel("Per-rank utilisation: busy / wall (balance windows)", ("rank_utilisation",), marks=False),
     Panel("Process CPU (%) and memory (MB)", ("cpu_percent", "rss_mb"), marks=False),
     Panel("GPU (NVML)", ("gpu_util_percent", "gpu_mem_mb", "gpu_temp_c"), marks=False),
     # federated runs: one panel per family of round metrics, so their curves share an axis
@@ -81,7 +83,7 @@ PANELS = (
 )
 SKIP_EXTRA = {
     "step", "round", "skipped", "step_time_s", "compute_time_s", "slowest_rank", "attempt",
-    "server_examples", "evaluated_clients", "evaluated_examples",
+    "server_examples", "evaluated_clients", "evaluated_examples", "batch_size", "busy_time_s",
 }  # fmt: skip
 EVENT_STYLE = {  # event -> (colour, line style, label)
     "anomaly": ("tab:red", ":", "anomaly"),
