@@ -3,7 +3,9 @@
 Measured per rank and step: the *busy* time, from the first forward pass of the step to the moment
 the last gradient is accumulated (:class:`ComputeClock`), which is what the rank's hardware spends
 on its batch. The wait for the slowest rank comes after it, in DDP's final all-reduce, and is not
-counted. Utilisation is busy time over the step's wall time.
+counted. Utilisation is busy time over the step's wall time (communication and the optimizer count
+as not busy); the compute balance is the mean busy time over the slowest rank's (what a split can
+change: 1 when no rank waits for another's compute).
 
 Every ``balance.every`` steps the ranks exchange what the window measured (one all-reduce of a
 W × 3 table: samples, busy seconds, wall seconds per rank), and rank 0's decision is broadcast
@@ -14,8 +16,9 @@ W × 3 table: samples, busy seconds, wall seconds per rank), and rank 0's decisi
 2. the split that equalises the predicted times (:func:`~vatra.balance.split.equal_time_split`),
    blended with the current one by ``smoothing``, and no rank's batch moved by more than
    ``max_change`` of itself;
-3. it is adopted only when it predicts a step at least ``hysteresis`` shorter than the current
-   split does (no flapping on a steady cluster).
+3. it is adopted only when the compute it saves on the slowest rank is at least ``hysteresis`` of
+   the measured step (no flapping on a steady cluster, and no reshuffling of microseconds where the
+   step is mostly communication and overhead).
 
 Rank 0 records each decision as a ``balance`` event. ``static`` keeps the configured split and only
 measures; ``ppo`` takes its proposal from a learned policy (:mod:`vatra.balance.ppo`).
@@ -91,6 +94,14 @@ class ComputeClock:
         self.handles.clear()
 
 
+def compute_balance(rows: list[list[float]]) -> float:
+    """Mean busy time over the slowest rank's: 1 when every rank computes as long as the slowest
+    (none waits for it), 1/W when one rank does all the work. Communication and optimizer time,
+    which no split changes, are left out (they are in ``utilisation``)."""
+    busy = [row[1] for row in rows]
+    return sum(busy) / (len(busy) * max(busy)) if max(busy) > 0 else 1.0
+
+
 class BalancePolicy:
     """The decision rule of ``proportional`` (and ``static``'s bookkeeping), apart from the training
     loop: fed each window's per-rank measurements, it proposes the next split. Deterministic, so
@@ -110,12 +121,18 @@ class BalancePolicy:
         self.busy = [busy / steps for _, busy, _ in rows]
         self.models = [fit_time_model([b for b, _ in h], [t for _, t in h]) for h in self.history]
 
-    def decide(self, current: list[int]) -> tuple[list[int], bool, float, float]:
-        """(the next split, whether it changed, predicted step s now, predicted step s after)."""
+    def decide(self, current: list[int], step_s: float | None = None) -> tuple[list[int], bool, float, float]:
+        """(the next split, whether it changed, predicted busy s of the slowest rank now, and after).
+
+        A new split is taken only when it saves at least ``hysteresis`` of the measured step
+        (``step_s``; default the slowest rank's busy time): where the step is mostly communication
+        and overhead, a split that only reshuffles microseconds of compute is not worth a change.
+        """
         models = self.models
         proposed = current if self.cfg.method == "static" else self._propose(current)
         before, after = predicted_step(models, current), predicted_step(models, proposed)
-        changed = proposed != current and after <= (1.0 - self.cfg.hysteresis) * before
+        step = max(step_s or 0.0, before)
+        changed = proposed != current and before - after >= self.cfg.hysteresis * step
         return (proposed if changed else current), changed, before, after
 
     def _propose(self, current: list[int]) -> list[int]:
@@ -203,7 +220,8 @@ class Balancer(Plugin):
         self.window = [0.0, 0.0, 0.0]
         current = list(sampler.sizes)
         self.policy.observe(rows, steps, trainer.cfg.train.grad_accum)
-        decided = self.policy.decide(current)
+        step_s = max(row[2] for row in rows) / steps
+        decided = self.policy.decide(current, step_s)
         # Rank 0's decision for all: a policy network need not give bit-equal outputs on every rank.
         shared: tuple[list[int], bool, float, float] = ctx.broadcast_object(decided)  # type: ignore[assignment]
         sizes, changed, before, after = shared
@@ -218,10 +236,11 @@ class Balancer(Plugin):
                 previous=current,
                 changed=changed,
                 predicted_step_s=[before, after],
-                step_s=max(row[2] for row in rows) / steps,
+                step_s=step_s,
                 samples_per_s=[row[0] / row[1] if row[1] > 0 else 0.0 for row in rows],
                 utilisation=utilisation,
                 mean_utilisation=sum(utilisation) / len(utilisation),
+                compute_balance=compute_balance(rows),
             )
 
     def _remove(self) -> None:

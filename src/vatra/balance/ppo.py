@@ -103,7 +103,8 @@ class LearnedPolicy(BalancePolicy):
 def simulate(
     decide: Callable[[], Decide], *, ranks: int, global_batch: int, episodes: int, seed: int
 ) -> float:
-    """Mean utilisation of a balancer over ``episodes`` simulated clusters (seeds ``seed``, ``seed + 1``…);
+    """Mean compute balance of a balancer over ``episodes`` simulated clusters (seeds ``seed``,
+    ``seed + 1``…);
     ``decide()`` makes a fresh balancer per episode."""
     from vatra.balance.sim import ClusterEnv
 
@@ -165,7 +166,7 @@ def agent_decider(agent: Any, cfg: BalanceConfig) -> Callable[[], Decide]:
 def compare(
     agent: Any, *, ranks: int, global_batch: int, episodes: int = 50, seed: int = 10_000
 ) -> dict[str, float]:
-    """Mean simulated utilisation of static, proportional and the agent on the same clusters (seeds
+    """Mean simulated compute balance of static, proportional and the agent on the same clusters (seeds
     not used in training: those start at 0)."""
     rule = BalanceConfig(method="proportional")
     learned = BalanceConfig(method="ppo", policy="-")

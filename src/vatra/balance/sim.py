@@ -4,10 +4,10 @@ Each episode draws a cluster: per-rank compute per sample ``c_r`` (log-uniform o
 a base cost), a fixed cost per step ``a_r``, and, on some episodes, a memory budget that caps one
 rank's batch. A decision sets the next split; the environment runs one window of ``every`` steps of
 it (busy time per rank ``a_r + c_r · b_r`` with multiplicative noise, the step as long as the
-slowest rank) and rewards the window's mean utilisation (busy / wall over the ranks), the figure the
-online balancer records. The balancer sees per rank: its share of the global batch, its measured
-busy time relative to the slowest, the share the equal-time split of the fitted time models gives it,
-and its cap as a share of the global batch. An action is one number per rank in [−1, 1], a
+slowest rank) and rewards the window's compute balance (mean busy time over the slowest rank's),
+the figure the online balancer records as ``compute_balance``. The balancer sees per rank: its
+share of the global batch, its measured busy time relative to the slowest, the share the equal-time
+split of the fitted time models gives it, and its cap as a share of the global batch. An action is one number per rank in [−1, 1], a
 correction to the equal-time split: its batch there is multiplied by ``(1 + max_change) ** action``,
 then the split is made whole within the caps and ``max_change`` of the current batch (the online
 safety limits) by :func:`~vatra.balance.split.proportional_split`. The policy so learns what the
@@ -122,7 +122,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.busy = [float(m(b) * max(z, 0.1)) for m, b, z in zip(self.true, self.sizes, noise, strict=True)]
         for r, (b, t) in enumerate(zip(self.sizes, self.busy, strict=True)):
             self.history[r] = [*self.history[r][-(HISTORY - 1) :], (float(b), t)]
-        return float(np.mean(self.busy) / max(self.busy))
+        return float(np.mean(self.busy) / max(self.busy))  # the compute balance
 
     def models(self) -> list[TimeModel]:
         return [fit_time_model([b for b, _ in h], [t for _, t in h]) for h in self.history]

@@ -25,8 +25,8 @@ def train_agent(
     out: Path = typer.Option(Path("balance_policy.zip"), "--out", help="Where the policy is saved."),
 ) -> None:
     """Train a PPO policy on simulated mixed clusters, save it, and score it beside static and
-    proportional on held-out clusters (mean utilisation). Use it with balance.method = "ppo" and
-    balance.policy = FILE."""
+    proportional on held-out clusters (compute balance: mean busy time over the slowest rank's).
+    Use it with balance.method = "ppo" and balance.policy = FILE."""
     require("stable_baselines3", "balance", "vatra balance train-agent")
     from vatra.balance.ppo import compare
     from vatra.balance.ppo import train_agent as train
@@ -38,5 +38,5 @@ def train_agent(
 
     scores = compare(load_agent(saved, ranks), ranks=ranks, global_batch=global_batch, episodes=episodes)
     for name, score in scores.items():
-        print(f"{name:>12}: mean utilisation {100 * score:.1f} % over {episodes} simulated clusters")
+        print(f"{name:>12}: compute balance {100 * score:.1f} % over {episodes} simulated clusters")
     print(f'vatra: policy saved to {saved} (balance.method = "ppo", balance.policy = "{saved}")')

@@ -44,7 +44,8 @@ class BalanceConfig(Section):
         0.1,
         ge=0.0,
         lt=1.0,
-        description="proportional: change the split only when it predicts a step at least this much shorter.",
+        description="proportional, ppo: change the split only when it saves at least this share of the "
+        "measured step.",
     )
     max_change: float = Field(
         0.5,
