@@ -8,8 +8,8 @@ slowest rank) and rewards the window's compute balance (mean busy time over the 
 the figure the online balancer records as ``compute_balance``. The balancer sees per rank: its
 share of the global batch, its measured busy time relative to the slowest, the share the equal-time
 split of the fitted time models gives it, and its cap as a share of the global batch. An action is
-one number per rank in [−1, 1], a correction to the equal-time split: its batch there is multiplied by ``(1 + max_change) ** action``,
-then the split is made whole within the caps and ``max_change`` of the current batch (the online
+one number per rank in [−1, 1], a correction to the equal-time split: its batch there is multiplied
+by ``(1 + max_change) ** action``, then the split is made whole within the caps and ``max_change`` of the current batch (the online
 safety limits) by :func:`~vatra.balance.split.proportional_split`. The policy so learns what the
 analytic split misses (noise in one window's measurement, a fixed cost not yet identifiable, caps)
 rather than the split itself; an untrained policy, whose actions are near 0, is the unsmoothed
