@@ -2,18 +2,19 @@
 
 Each episode draws a cluster: per-rank compute per sample ``c_r`` (log-uniform over ``speeds`` times
 a base cost), a fixed cost per step ``a_r``, and, on some episodes, a memory budget that caps one
-rank's batch. A decision sets the next split; the environment runs one window of ``every`` steps of
-it (busy time per rank ``a_r + c_r · b_r`` with multiplicative noise, the step as long as the
-slowest rank) and rewards the window's compute balance (mean busy time over the slowest rank's),
-the figure the online balancer records as ``compute_balance``. The balancer sees per rank: its
-share of the global batch, its measured busy time relative to the slowest, the share the equal-time
-split of the fitted time models gives it, and its cap as a share of the global batch. An action is one number per rank in [−1, 1], a
-correction to the equal-time split: its batch there is multiplied by ``(1 + max_change) ** action``,
-then the split is made whole within the caps and ``max_change`` of the current batch (the online
-safety limits) by :func:`~vatra.balance.split.proportional_split`. The policy so learns what the
-analytic split misses (noise in one window's measurement, a fixed cost not yet identifiable, caps)
-rather than the split itself; an untrained policy, whose actions are near 0, is the unsmoothed
-equal-time rule.
+rank's batch. A decision sets the next split; the environment runs one window of it (busy time per
+rank ``a_r + c_r · b_r`` with multiplicative noise, the step as long as the slowest rank) and
+rewards the window's compute balance (mean busy time over the slowest rank's), the figure the
+online balancer records as ``compute_balance``.
+
+The balancer sees per rank: its share of the global batch, its measured busy time relative to the
+slowest, the share the equal-time split of the fitted time models gives it, and its cap as a share
+of the global batch. An action is one number per rank in [−1, 1], a correction to the equal-time
+split: the rank's batch there is multiplied by ``(1 + max_change) ** action``, then the split is
+made whole within the caps and ``max_change`` of the current batch (the online safety limits) by
+:func:`~vatra.balance.split.proportional_split`. The policy so learns what the analytic split
+misses (noise in one window's measurement, a fixed cost not yet identifiable, caps) rather than the
+split itself; an untrained policy, whose actions are near 0, is the unsmoothed equal-time rule.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 import traceback
@@ -276,6 +277,11 @@ class Trainer:
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
         state.extras["grad_norm"] = grad_norm  # pre-clip and identical on every rank: healing decides on it
+        loss = loss_sum.item() / accum  # this rank's mean loss (unweighted)
+        # fp16's loss scale overflowed: the scaler skips this update and lowers its scale by itself, so
+        # healing and the monitor leave the step alone (a non-finite loss is still a fault).
+        overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm) and math.isfinite(loss)
+        state.extras["amp_overflow"] = overflow
         self.plugins.after_backward(self)
         if not state.skip_update:
             self.scaler.step(self.optimizer)
@@ -286,9 +292,9 @@ class Trainer:
         batch = self.global_batch * accum
         state.samples_seen += batch
         state.train_time_s += step_time
-        return {
+        metrics: dict[str, Any] = {
             "step": state.step,
-            "loss": loss_sum.item() / accum,  # this rank's mean loss (unweighted)
+            "loss": loss,
             "lr": lr,
             "grad_norm": grad_norm,
             "samples_per_s": batch / step_time,
@@ -298,6 +304,10 @@ class Trainer:
             "optim_time_s": time.perf_counter() - to,
             "skipped": state.skip_update,
         }
+        if self.scaler.is_enabled():
+            metrics["amp_overflow"] = overflow
+            metrics["loss_scale"] = self.scaler.get_scale()
+        return metrics
 
     def forward_backward(self, inputs: Any, target: Any, *, scale: float = 1.0) -> torch.Tensor:
         """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss."""

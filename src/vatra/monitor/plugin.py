@@ -151,16 +151,17 @@ class Monitor(Plugin):
             metrics.update(self.sampler.sample())
         if self.cfg.module_grad_norms and trainer.dist.is_main:
             metrics.update(module_grad_norms(trainer.model))
-        self.rows.append(
-            [
+        # fp16's scaler skipped this update (an inf gradient norm, the same on every rank): not an
+        # anomaly, and no sample for the detectors' baselines.
+        if not metrics.get("amp_overflow"):
+            row = [
                 step,
                 metrics["loss"],
                 metrics["grad_norm"],
                 metrics["step_time_s"],
                 metrics["data_time_s"],
-                compute,
             ]
-        )
+            self.rows.append([*row, compute])
         last = step >= trainer.cfg.train.steps or trainer.state.should_stop
         if started and not last:
             done += self._advance(trainer, metrics, started)
@@ -183,6 +184,8 @@ class Monitor(Plugin):
     def _open(self, trainer: Trainer, metrics: dict[str, Any], stale: bool = False) -> list[Verdict]:
         """A window of the rows since the last one; its first stage group runs now."""
         rows, self.rows = self.rows, []
+        if not rows:  # every step since the last window was an fp16 overflow (so on every rank)
+            return []
         w = _Window([int(r[0]) for r in rows], deque(self.schedule), rows, stale=stale)
         if self.group is None:
             w.rows = [rows]  # alone: rank 0's rows are all the rows

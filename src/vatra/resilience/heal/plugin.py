@@ -61,6 +61,8 @@ class Healer(Plugin):
             )
 
     def after_backward(self, trainer: Trainer) -> None:
+        if trainer.state.extras.get("amp_overflow"):
+            return  # fp16's scaler skips this update and lowers its scale: nothing to heal
         grad_norm = float(trainer.state.extras.get("grad_norm", 0.0))
         for p in self.deciding_after_backward:
             action = p.after_backward(trainer, grad_norm)
