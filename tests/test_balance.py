@@ -246,3 +246,31 @@ def test_ppo_trained_in_the_simulator_matches_proportional_there(tmp_path: Path)
     path = train_agent(tmp_path / "agent.zip", ranks=3, global_batch=96, timesteps=2_000, seed=0)
     scores = compare(load_agent(path, 3), ranks=3, global_batch=96, episodes=20)
     assert scores["ppo"] >= scores["proportional"] > scores["static"], scores
+
+
+def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> None:
+    pytest.importorskip("stable_baselines3")
+    from tests.conftest import run_vatra
+
+    out = tmp_path / "agent.zip"
+    args = [
+        "--ranks",
+        "2",
+        "--global-batch",
+        "32",
+        "--timesteps",
+        "400",
+        "--episodes",
+        "3",
+        "--out",
+        str(out),
+    ]
+    result = run_vatra("balance", "train-agent", *args, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert out.is_file()
+    assert "proportional: compute balance" in result.stdout and "ppo: compute balance" in result.stdout
+    wrong = run_vatra("train", "examples/digits.toml", "--nproc", "3", "--set", "balance.method=ppo", "--set",
+                      f"balance.policy={out}", "--set", "train.steps=2", timeout=300)  # fmt: skip
+    assert wrong.returncode == 2 and "trained for 2 ranks but the run has 3" in wrong.stderr
+    missing = run_vatra("train", "examples/digits.toml", "--set", "balance.method=ppo")
+    assert missing.returncode == 2 and "needs balance.policy" in missing.stderr.strip().splitlines()[-1]

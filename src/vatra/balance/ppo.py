@@ -125,8 +125,9 @@ def static_decider() -> Decide:
     return lambda env, obs: list(env.sizes)
 
 
-def rule_decider(cfg: BalanceConfig) -> Callable[[], Decide]:
-    """``proportional`` (or a learned policy via ``make``) fed the simulator's windows, with its caps."""
+def policy_decider(make_policy: Callable[[int], BalancePolicy]) -> Callable[[], Decide]:
+    """A balancer fed the simulator's windows as the plugin feeds it a run's (one window a
+    decision), knowing the simulated caps; ``make_policy(ranks)`` makes a fresh one per episode."""
 
     def make() -> Decide:
         policy: BalancePolicy | None = None
@@ -134,7 +135,7 @@ def rule_decider(cfg: BalanceConfig) -> Callable[[], Decide]:
         def choose(env: Any, obs: np.ndarray) -> list[int]:
             nonlocal policy
             if policy is None:
-                policy = BalancePolicy(cfg, env.ranks)
+                policy = make_policy(env.ranks)
                 policy.caps = list(env.caps)
             wall = max(env.busy)
             policy.observe([[b, t, wall] for b, t in zip(env.sizes, env.busy, strict=True)], 1, 1)
@@ -143,24 +144,16 @@ def rule_decider(cfg: BalanceConfig) -> Callable[[], Decide]:
         return choose
 
     return make
+
+
+def rule_decider(cfg: BalanceConfig) -> Callable[[], Decide]:
+    """``proportional`` in the simulator."""
+    return policy_decider(lambda ranks: BalancePolicy(cfg, ranks))
 
 
 def agent_decider(agent: Any, cfg: BalanceConfig) -> Callable[[], Decide]:
-    def make() -> Decide:
-        policy: LearnedPolicy | None = None
-
-        def choose(env: Any, obs: np.ndarray) -> list[int]:
-            nonlocal policy
-            if policy is None:
-                policy = LearnedPolicy(cfg, env.ranks, agent)
-                policy.caps = list(env.caps)
-            wall = max(env.busy)
-            policy.observe([[b, t, wall] for b, t in zip(env.sizes, env.busy, strict=True)], 1, 1)
-            return policy.decide(list(env.sizes))[0]
-
-        return choose
-
-    return make
+    """A learned policy in the simulator, with the online guard."""
+    return policy_decider(lambda ranks: LearnedPolicy(cfg, ranks, agent))
 
 
 def compare(

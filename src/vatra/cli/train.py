@@ -111,7 +111,7 @@ def train(
     )
     from vatra.launch import launch_workers
 
-    cfg = _preflight(cfg)
+    cfg = _preflight(cfg, cfg.dist.nproc if spec.nnodes == "1" else None)
     if run_dir is None and spec.nnodes != "1":
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
         return
@@ -174,12 +174,30 @@ def _job(spec: LaunchSpec) -> str | None:
     return f"{spec.rdzv_id}@{spec.rdzv_endpoint}"
 
 
-def _preflight(cfg: Config) -> Config:
+def _preflight(cfg: Config, world: int | None = None) -> Config:
     """What can be checked once, here, before any worker starts: the config's import strings
-    resolve, and a table's columns fit its files (schema only, no rows read). A Delta table is
+    resolve, and a table's columns fit its files (schema only, no rows read); with the world size
+    known (``world``, one node), per-rank lists and a learned balancer fit it. A Delta table is
     pinned to its latest version here when the config names none, so the run folder's config.toml
     says which version the run reads."""
     from vatra.registry import DATASETS, LOSSES, MODELS
+
+    if world is not None:
+        factors = cfg.chaos.speed_factors
+        if factors and len(factors) != world:
+            raise ConfigError(
+                f"chaos.speed_factors lists {len(factors)} factors but the run has {world} ranks; "
+                "give one per rank"
+            )
+        if cfg.balance.batches and len(cfg.balance.batches) != world:
+            raise ConfigError(
+                f"balance.batches lists {len(cfg.balance.batches)} batches but the run has {world} ranks; "
+                "give one per rank, or [] for an even split"
+            )
+        if cfg.balance.method == "ppo":
+            from vatra.balance.ppo import load_agent
+
+            load_agent(cfg.balance.policy, world)
 
     for registry, value in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (LOSSES, cfg.train.loss)):
         if value != "auto" and not registry.is_builtin(value):
