@@ -182,7 +182,7 @@ def test_proportional_moves_samples_to_the_fast_rank(tmp_path: Path) -> None:
         "--set",
         "train.eval_every=0",
         "--set",
-        "model.hidden=[256, 256]",
+        "model.hidden=[512, 512]",
         "--set",
         "balance.method=proportional",
         "--set",
