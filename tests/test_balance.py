@@ -274,3 +274,22 @@ def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> Non
     assert wrong.returncode == 2 and "trained for 2 ranks but the run has 3" in wrong.stderr
     missing = run_vatra("train", "examples/digits.toml", "--set", "balance.method=ppo")
     assert missing.returncode == 2 and "needs balance.policy" in missing.stderr.strip().splitlines()[-1]
+
+
+def test_a_killed_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    """Uneven static split on 2 ranks, rank 1 SIGKILLed after step 15: the elastic restart resumes the
+    global data position and split from the step-10 checkpoint and ends bit-equal to a clean run."""
+    from tests.test_resilience_recovery import _final_weights, _start
+
+    sets = ["--set", "train.steps=30", "--set", "checkpoint.every_steps=10"]
+    sets += ["--set", "balance.method=static", "--set", "balance.batches=[5, 27]"]
+    ref = _start(tmp_path / "ref", *sets)
+    hit = _start(tmp_path / "hit", *sets, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
+    _, ref_err = ref.communicate(timeout=240)
+    _, hit_err = hit.communicate(timeout=240)
+    assert ref.returncode == 0, ref_err[-2000:]
+    assert hit.returncode == 0, hit_err[-2000:]
+    events = [json.loads(line) for line in (tmp_path / "hit" / "events.jsonl").read_text().splitlines()]
+    assert [e["resumed_step"] for e in events if e["event"] == "recovered"] == [10]
+    a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(tmp_path / "hit", tmp_path)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

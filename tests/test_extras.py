@@ -105,3 +105,16 @@ def test_federated_learning_without_grpc_is_one_line_naming_the_fl_extra() -> No
     assert out.stderr.strip().splitlines() == [
         "error: federated learning needs the package 'grpc', which is not installed: pip install 'vatra[fl]'"
     ]
+
+
+def test_the_learned_balancer_without_stable_baselines3_names_the_balance_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _hide(monkeypatch, "stable_baselines3")
+    with pytest.raises(SystemExit) as exit_:
+        main(["balance", "train-agent", "--timesteps", "100"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: vatra balance train-agent needs the package 'stable_baselines3', which is not installed: "
+        "pip install 'vatra[balance]'"
+    )
