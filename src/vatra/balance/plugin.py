@@ -26,7 +26,6 @@ measures; ``ppo`` takes its proposal from a learned policy (:mod:`vatra.balance.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vatra.balance.split import (
+    HISTORY,
     TimeModel,
+    change_bounds,
     equal_time_split,
     fit_time_model,
     predicted_step,
@@ -47,13 +48,12 @@ from vatra.engine import Plugin
 if TYPE_CHECKING:
     from vatra.engine import Trainer
 
-HISTORY = 6  # windows per rank the time model is fitted to
-
 
 class ComputeClock:
-    """Busy seconds of one training step: each micro-batch from its forward pass to its last
-    accumulated gradient, summed. Hooks on the trainable module; active between :meth:`start` and
-    :meth:`stop` only, so evaluation is not counted."""
+    """Busy seconds of one training step: each micro-batch from its forward pass to the gradient of
+    the module's first parameter, which backward computes last (the monitor's compute clock marks
+    the same moment), summed. Active between :meth:`start` and :meth:`stop` only, so evaluation is
+    not counted; two hooks, none per parameter."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.active = False
@@ -61,9 +61,9 @@ class ComputeClock:
         self.begin: float | None = None
         self.last: float | None = None
         self.handles: list[Any] = [module.register_forward_pre_hook(self._forward)]
-        for p in module.parameters():
-            if p.requires_grad:
-                self.handles.append(p.register_post_accumulate_grad_hook(self._grad))
+        first = next((p for p in module.parameters() if p.requires_grad), None)
+        if first is not None:
+            self.handles.append(first.register_hook(self._grad))
 
     def _close_micro(self) -> None:
         if self.begin is not None and self.last is not None and self.last > self.begin:
@@ -75,7 +75,7 @@ class ComputeClock:
             self._close_micro()
             self.begin = time.perf_counter()
 
-    def _grad(self, param: torch.Tensor) -> None:
+    def _grad(self, grad: torch.Tensor) -> None:
         if self.active:
             self.last = time.perf_counter()
 
@@ -143,13 +143,7 @@ class BalancePolicy:
         blended = [
             cfg.smoothing * c + (1.0 - cfg.smoothing) * t for c, t in zip(current, target, strict=True)
         ]
-        lo = [min(c, max(cfg.min_batch, math.floor(c * (1.0 - cfg.max_change)))) for c in current]
-        hi = [
-            max(min(cap, math.ceil(c * (1.0 + cfg.max_change))), lo_r)
-            for c, cap, lo_r in zip(current, caps, lo, strict=True)
-        ]
-        if sum(hi) < total:  # the caps bind harder than the change limit
-            hi = [max(h, cap) for h, cap in zip(hi, caps, strict=True)]
+        lo, hi = change_bounds(current, caps, cfg.max_change, cfg.min_batch)
         return proportional_split(total, blended, lo=lo, hi=hi)
 
 

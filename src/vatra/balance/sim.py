@@ -25,9 +25,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from vatra.balance.split import TimeModel, equal_time_split, fit_time_model, proportional_split
-
-HISTORY = 6
+from vatra.balance.split import (
+    HISTORY,
+    TimeModel,
+    change_bounds,
+    equal_time_split,
+    fit_time_model,
+    proportional_split,
+)
 
 
 def features(
@@ -55,13 +60,7 @@ def apply_action(
     current batch (an action of zeros moves as far towards the equal-time split as the limits allow)."""
     total = sum(sizes)
     factors = (1.0 + max_change) ** np.clip(np.asarray(action, dtype=float), -1.0, 1.0)
-    lo = [min(b, max(min_batch, math.floor(b * (1.0 - max_change) + 1e-9))) for b in sizes]
-    hi = [
-        max(min(cap, math.ceil(b * (1.0 + max_change) - 1e-9)), lo_r)
-        for b, cap, lo_r in zip(sizes, caps, lo, strict=True)
-    ]
-    if sum(hi) < total:  # the caps bind harder than the change limit: let the others grow
-        hi = [max(h, cap) for h, cap in zip(hi, caps, strict=True)]
+    lo, hi = change_bounds(sizes, caps, max_change, min_batch)
     desired = [max(t * f, 1e-3) for t, f in zip(target, factors, strict=True)]
     return proportional_split(total, desired, lo=lo, hi=hi)
 

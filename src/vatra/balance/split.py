@@ -11,10 +11,13 @@ fixed cost is only identifiable once a rank has run two batch sizes; until then 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+HISTORY = 6  # windows per rank a time model is fitted to (online and in the simulator)
 
 
 @dataclass(frozen=True)
@@ -117,3 +120,19 @@ def equal_time_split(
 def predicted_step(models: Sequence[TimeModel], sizes: Sequence[int]) -> float:
     """A synchronous step lasts as long as its slowest rank's compute."""
     return max(m(b) for m, b in zip(models, sizes, strict=True))
+
+
+def change_bounds(
+    current: Sequence[int], caps: Sequence[int], max_change: float, min_batch: int
+) -> tuple[list[int], list[int]]:
+    """Per-rank bounds of the next split: within ``max_change`` of each current batch, at least
+    ``min_batch``, at most the rank's cap; where the caps bind harder than the change limit, the
+    other ranks may grow up to their caps so the global batch still fits."""
+    lo = [min(b, max(min_batch, math.floor(b * (1.0 - max_change) + 1e-9))) for b in current]
+    hi = [
+        max(min(cap, math.ceil(b * (1.0 + max_change) - 1e-9)), lo_r)
+        for b, cap, lo_r in zip(current, caps, lo, strict=True)
+    ]
+    if sum(hi) < sum(current):
+        hi = [max(h, cap) for h, cap in zip(hi, caps, strict=True)]
+    return lo, hi

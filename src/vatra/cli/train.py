@@ -183,17 +183,12 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
     from vatra.registry import DATASETS, LOSSES, MODELS
 
     if world is not None:
-        factors = cfg.chaos.speed_factors
-        if factors and len(factors) != world:
-            raise ConfigError(
-                f"chaos.speed_factors lists {len(factors)} factors but the run has {world} ranks; "
-                "give one per rank"
-            )
-        if cfg.balance.batches and len(cfg.balance.batches) != world:
-            raise ConfigError(
-                f"balance.batches lists {len(cfg.balance.batches)} batches but the run has {world} ranks; "
-                "give one per rank, or [] for an even split"
-            )
+        try:  # the workers' own checks, made once here so a mistake is one line before any starts
+            cfg.chaos.check_world_size(world)
+            if cfg.balance.batches or cfg.balance.method != "off":
+                cfg.balance.sizes(world, cfg.train.batch_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if cfg.balance.method == "ppo":
             from vatra.balance.ppo import load_agent
 

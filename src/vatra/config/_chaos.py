@@ -53,6 +53,14 @@ class ChaosConfig(Section):
         "forward pass is followed by a sleep of (factor - 1) × its forward-and-backward time); [] = off.",
     )
 
+    def check_world_size(self, world_size: int) -> None:
+        """Per-rank lists must name every rank (``ValueError`` otherwise)."""
+        if self.speed_factors and len(self.speed_factors) != world_size:
+            raise ValueError(
+                f"chaos.speed_factors lists {len(self.speed_factors)} factors but the run has "
+                f"{world_size} ranks; give one per rank"
+            )
+
     @field_validator("speed_factors")
     @classmethod
     def _factors(cls, value: list[float]) -> list[float]:

@@ -265,9 +265,6 @@ class GlobalBatchSampler:
             self.sizes = [int(b) for b in sizes]
             self.version += 1
 
-    def remaining_in_epoch(self) -> np.ndarray:
-        return self.indices[self._epoch_order(self.epoch)[self.position :]]
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
@@ -277,8 +274,8 @@ class GlobalBatchSampler:
             "sizes": list(self.sizes),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at a saved global position and split (same dataset, seed and world size)."""
+    def _check_saved(self, state: dict[str, Any]) -> None:
+        """A saved position this sampler can continue: global (balance on), same dataset and seed."""
         if "sizes" not in state:
             raise ValueError(
                 "the saved data position is per-rank shards (balance off) but this run has balance on; "
@@ -289,6 +286,10 @@ class GlobalBatchSampler:
                 f"the saved data position is for {state['size']} samples and seed {state['seed']}, this run "
                 f"has {len(self.indices)} and {self.seed}; resume with the same dataset and run.seed"
             )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at a saved global position and split (same dataset, seed and world size)."""
+        self._check_saved(state)
         if len(state["sizes"]) != len(self.sizes):
             raise ValueError(f"the saved split {state['sizes']} is for another world size")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
@@ -299,13 +300,7 @@ class GlobalBatchSampler:
         """Another world size: the same global position (every saved rank holds it) and global batch,
         split evenly; the balancer sizes it again from its new measurements."""
         state = old[0][0]
-        if "sizes" not in state:
-            raise ValueError(
-                "it was saved with per-rank shards (balance off) and this run has balance on; resume with "
-                "the balance.method it was saved with"
-            )
-        if state["size"] != len(self.indices) or state["seed"] != self.seed:
-            raise ValueError("it is for another dataset or run.seed")
+        self._check_saved(state)
         total = sum(int(b) for b in state["sizes"])
         if total < world_size:
             raise ValueError(f"its global batch of {total} cannot give each of {world_size} ranks a sample")

@@ -77,11 +77,10 @@ class TrainingFaults(Plugin):
             )
         factors = self.cfg.speed_factors
         if factors:
-            if len(factors) != trainer.dist.world_size:
-                raise ConfigError(
-                    f"chaos.speed_factors lists {len(factors)} factors but the run has "
-                    f"{trainer.dist.world_size} ranks; give one per rank"
-                )
+            try:
+                self.cfg.check_world_size(trainer.dist.world_size)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
             self.factor = factors[trainer.dist.rank]
             if self.factor > 1.0:
                 self.handles.append(model.register_forward_pre_hook(self._clock_hook))

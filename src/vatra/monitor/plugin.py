@@ -154,14 +154,16 @@ class Monitor(Plugin):
         # fp16's scaler skipped this update (an inf gradient norm, the same on every rank): not an
         # anomaly, and no sample for the detectors' baselines.
         if not metrics.get("amp_overflow"):
-            row = [
-                step,
-                metrics["loss"],
-                metrics["grad_norm"],
-                metrics["step_time_s"],
-                metrics["data_time_s"],
-            ]
-            self.rows.append([*row, compute])
+            self.rows.append(
+                [
+                    step,
+                    metrics["loss"],
+                    metrics["grad_norm"],
+                    metrics["step_time_s"],
+                    metrics["data_time_s"],
+                    compute,
+                ]
+            )
         last = step >= trainer.cfg.train.steps or trainer.state.should_stop
         if started and not last:
             done += self._advance(trainer, metrics, started)
