@@ -295,3 +295,19 @@ def test_a_killed_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Pa
     assert [e["resumed_step"] for e in events if e["event"] == "recovered"] == [10]
     a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(tmp_path / "hit", tmp_path)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_balance_refuses_a_stream_in_one_line() -> None:
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for _ in range(64):
+                x = torch.randn(4)
+                yield x, (x.sum() > 0).long()
+
+    stream = Stream()
+    stream.num_classes = 2  # type: ignore[attr-defined]
+    cfg = small_config(balance={"method": "static"}, model={"name": "mlp", "hidden": [8]})
+    with pytest.raises(ConfigError, match=r"splits one global order of a map-style dataset.*stream"):
+        Trainer.from_config(cfg, train=stream, val=None)
