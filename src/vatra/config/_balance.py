@@ -54,6 +54,36 @@ class BalanceConfig(Section):
         description="proportional: largest relative change of one rank's batch per decision.",
     )
     min_batch: int = Field(1, ge=1, description="Smallest batch a rank is given.")
+    adaptive: bool = Field(
+        False,
+        description="The global batch follows the gradient noise scale (from balance.global_batch up to "
+        "max_global_batch) with the LR scaled by lr_scaling; each rank's batch stays within its memory "
+        "(memory_budget_gb), and an out-of-memory error shrinks that rank's batch and redoes the step on "
+        "every rank.",
+    )
+    memory_budget_gb: float | None = Field(
+        None,
+        gt=0.0,
+        description="adaptive: peak memory one rank may use, GB (10^9 bytes): process RSS on the CPU, "
+        "allocated memory on a GPU. None = the GPU's memory on a GPU, no limit but out-of-memory errors "
+        "on the CPU.",
+    )
+    max_global_batch: int | Literal["auto"] = Field(
+        "auto",
+        description="adaptive: the largest global batch; auto = 8 × the starting one.",
+    )
+    lr_scaling: Literal["auto", "linear", "sqrt", "none"] = Field(
+        "auto",
+        description="adaptive: the LR × (B / B0) (linear) or × sqrt(B / B0) (sqrt) at global batch B "
+        "(B0: the starting one); auto = linear for sgd, sqrt for adam and adamw.",
+    )
+    noise_smoothing: float = Field(
+        0.95,
+        ge=0.0,
+        lt=1.0,
+        description="adaptive: weight of the past in the running averages of |G|² and tr(Σ) that give the "
+        "noise scale (per step).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> BalanceConfig:
@@ -72,7 +102,21 @@ class BalanceConfig(Section):
                 f"balance.batches sums to {sum(self.batches)} but balance.global_batch = "
                 f"{self.global_batch}; make them agree, or leave global_batch = 'auto' (the sum of batches)"
             )
+        if (
+            self.adaptive
+            and self.max_global_batch != "auto"
+            and self.global_batch != "auto"
+            and self.max_global_batch < self.global_batch
+        ):
+            raise ValueError(
+                f"balance.max_global_batch = {self.max_global_batch} is below balance.global_batch = "
+                f"{self.global_batch} (where the adaptive batch starts); raise it"
+            )
         return self
+
+    def max_total(self, start: int) -> int:
+        """adaptive: the largest global batch for a run that starts at ``start``."""
+        return 8 * start if self.max_global_batch == "auto" else max(self.max_global_batch, start)
 
     def sizes(self, world_size: int, batch_size: int) -> list[int]:
         """The starting per-rank batches for ``world_size`` ranks (``batch_size``: train.batch_size)."""

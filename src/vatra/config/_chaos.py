@@ -52,14 +52,27 @@ class ChaosConfig(Section):
         description="Mixed hardware on one machine: rank r computes speed_factors[r] times slower (each "
         "forward pass is followed by a sleep of (factor - 1) × its forward-and-backward time); [] = off.",
     )
+    oom_batch: list[int] = Field(
+        [],
+        description="Device memory on one machine: a training forward pass of more than oom_batch[r] "
+        "samples on rank r raises an out-of-memory error (0 = no limit); [] = off.",
+    )
 
     def check_world_size(self, world_size: int) -> None:
         """Per-rank lists must name every rank (``ValueError`` otherwise)."""
-        if self.speed_factors and len(self.speed_factors) != world_size:
-            raise ValueError(
-                f"chaos.speed_factors lists {len(self.speed_factors)} factors but the run has "
-                f"{world_size} ranks; give one per rank"
-            )
+        for name, value in (("speed_factors", self.speed_factors), ("oom_batch", self.oom_batch)):
+            if value and len(value) != world_size:
+                raise ValueError(
+                    f"chaos.{name} lists {len(value)} entries but the run has {world_size} ranks; "
+                    "give one per rank"
+                )
+
+    @field_validator("oom_batch")
+    @classmethod
+    def _oom(cls, value: list[int]) -> list[int]:
+        if any(b < 0 for b in value):
+            raise ValueError(f"every oom_batch entry must be ≥ 0 (0 = no limit); got {value}")
+        return value
 
     @field_validator("speed_factors")
     @classmethod

@@ -98,6 +98,18 @@ class Config(Section):
                 f"over the training set, so data.sharding = {self.data.sharding!r} (non-IID shards) cannot "
                 "hold; set balance.method = 'off' or data.sharding = 'random'"
             )
+        if self.balance.adaptive:
+            if self.balance.method == "off":
+                raise ValueError(
+                    "balance.adaptive sizes the per-rank slices of one global batch, so it needs a "
+                    "balancer; set balance.method = 'static' (or 'proportional', 'ppo')"
+                )
+            if self.comm.method != "none" or self.comm.topology in ("ring", "hierarchical"):
+                raise ValueError(
+                    "balance.adaptive synchronises the gradients itself (so that an out-of-memory rank "
+                    "can redo the step with the others), without comm's hooks; set comm.method = 'none' "
+                    "and comm.topology = 'auto', or balance.adaptive = false"
+                )
         return self
 
 

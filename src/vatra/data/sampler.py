@@ -257,6 +257,11 @@ class GlobalBatchSampler:
         size = len(self.indices)
         self.epoch, self.position = divmod(self.epoch * size + self.position + self.global_batch, size)
 
+    def seek(self, epoch: int, position: int) -> None:
+        """Back to a position this sampler held (a step that is redone); a loader reading ahead restarts."""
+        self.epoch, self.position = epoch, position
+        self.version += 1
+
     def resize(self, sizes: list[int]) -> None:
         """A new split for the next batches (one size per rank, each ≥ 1); a loader reading ahead restarts."""
         if len(sizes) != len(self.sizes) or min(sizes) < 1:

@@ -16,7 +16,9 @@ class Plugin:
     (micro-steps) → ``after_backward`` (gradients are synchronised across ranks; setting
     ``trainer.state.skip_update`` drops this update) → ``on_step_end`` (with the step's metrics
     dict, which a plugin may extend); ``on_eval_end`` after each evaluation; ``on_fit_end`` with
-    the summary dict (extendable) on success, or ``on_failure`` with the exception. Plugins run
+    the summary dict (extendable) on success, or ``on_failure`` with the exception. With
+    ``balance.adaptive``, a step in which some rank ran out of memory calls ``on_oom`` with those
+    ranks on every rank, and is then redone from ``on_step_start`` on. Plugins run
     in list order on every rank; each checks ``trainer.dist.rank`` itself when only rank 0
     should act. Plugins never import each other; they share data through ``trainer.state``.
     """
@@ -28,6 +30,8 @@ class Plugin:
     def after_backward(self, trainer: Trainer) -> None: ...
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
+
+    def on_oom(self, trainer: Trainer, ranks: list[int]) -> None: ...
 
     def on_eval_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
 
@@ -41,6 +45,7 @@ HOOKS = (
     "on_step_start",
     "after_backward",
     "on_step_end",
+    "on_oom",
     "on_eval_end",
     "on_fit_end",
     "on_failure",
@@ -79,6 +84,10 @@ class PluginList:
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         for hook in self.by_hook["on_step_end"]:
             hook(trainer, metrics)
+
+    def on_oom(self, trainer: Trainer, ranks: list[int]) -> None:
+        for hook in self.by_hook["on_oom"]:
+            hook(trainer, ranks)
 
     def on_eval_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         for hook in self.by_hook["on_eval_end"]:

@@ -43,6 +43,22 @@ from vatra.rundir import RunDir
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
 
 
+MAX_OOM_REDO = 8  # tries of one step with balance.adaptive before an out-of-memory error stops the run
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A GPU's out-of-memory error, or the CPU allocator's."""
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    )
+
+
+def _sq_norm(tensors: list[torch.Tensor]) -> float:
+    if not tensors:
+        return 0.0
+    return float(torch.stack(torch._foreach_norm(tensors, 2.0)).double().square().sum())
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -132,6 +148,8 @@ class Trainer:
         amp = cfg.train.precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+        # balance.adaptive: the trainer synchronises the gradients itself (an OOM rank redoes the step)
+        self.guarded = cfg.balance.adaptive and isinstance(self.sampler, GlobalBatchSampler)
 
     def _train_batches(self) -> Batches:
         """This rank's batches: sampled from its shard (map-style) or read from its share (streams)."""
@@ -260,20 +278,10 @@ class Trainer:
         self.plugins.on_step_start(self)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=self.dist.device)
-        data_time = fwd_bwd_time = 0.0
-        for micro in range(accum):
-            td = time.perf_counter()
-            inputs, target = self.next_batch()
-            tf = time.perf_counter()
-            data_time += tf - td
-            # DDP all-reduces gradients on the last micro-batch only (no_sync before it).
-            sync: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-            if micro < accum - 1 and isinstance(self.module, DDP):
-                sync = self.module.no_sync()
-            with sync:
-                loss_sum += self.forward_backward(inputs, target, scale=self.loss_weight / accum)
-            fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
+        if self.guarded:
+            loss_sum, data_time, fwd_bwd_time = self._guarded_micro_steps(accum)
+        else:
+            loss_sum, data_time, fwd_bwd_time = self._micro_steps(accum, self.module)
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
         state.extras["grad_norm"] = grad_norm  # pre-clip and identical on every rank: healing decides on it
@@ -309,13 +317,119 @@ class Trainer:
             metrics["loss_scale"] = self.scaler.get_scale()
         return metrics
 
-    def forward_backward(self, inputs: Any, target: Any, *, scale: float = 1.0) -> torch.Tensor:
-        """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss."""
+    def _micro_steps(self, accum: int, module: nn.Module) -> tuple[torch.Tensor, float, float]:
+        """Forward and backward of the step's ``accum`` micro-batches through ``module``: the summed
+        loss, and the seconds spent reading data and computing."""
+        loss_sum = torch.zeros((), device=self.dist.device)
+        data_time = fwd_bwd_time = 0.0
+        for micro in range(accum):
+            td = time.perf_counter()
+            inputs, target = self.next_batch()
+            tf = time.perf_counter()
+            data_time += tf - td
+            # DDP all-reduces gradients on the last micro-batch only (no_sync before it).
+            sync: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+            if micro < accum - 1 and isinstance(module, DDP):
+                sync = module.no_sync()
+            with sync:
+                scale = self.loss_weight / accum
+                loss_sum += self.forward_backward(inputs, target, scale=scale, module=module)
+            fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
+        return loss_sum, data_time, fwd_bwd_time
+
+    def _guarded_micro_steps(self, accum: int) -> tuple[torch.Tensor, float, float]:
+        """``balance.adaptive``: the micro-steps on the plain module, then :meth:`_sync_gradients`.
+
+        A rank that runs out of memory frees what it can and tells the others at the synchronisation
+        (DDP's all-reduce inside backward would leave them waiting for it); every rank then drops
+        the step's gradients, rewinds the data to the step's start, lets the plugins shrink the
+        failing ranks' batches (``on_oom``) and redoes the step.
+        """
+        sampler = self.sampler
+        assert isinstance(sampler, GlobalBatchSampler)
+        for attempt in range(1, MAX_OOM_REDO + 1):
+            start = (sampler.epoch, sampler.position)
+            done: tuple[torch.Tensor, float, float] | None = None
+            try:
+                done = self._micro_steps(accum, self.trainable)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.dist.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            failed = self._sync_gradients(done is not None, accum)
+            if not failed:
+                assert done is not None
+                return done
+            self.optimizer.zero_grad(set_to_none=True)
+            sampler.seek(*start)
+            if self.dist.is_main:
+                self.log_event("oom", ranks=failed, sizes=list(sampler.sizes), attempt=attempt)
+            self.plugins.on_oom(self, failed)
+        raise RuntimeError(
+            f"step {self.state.step + 1} ran out of memory {MAX_OOM_REDO} times in a row; lower "
+            "train.batch_size (or balance.global_batch), or balance.memory_budget_gb"
+        )
+
+    def _sync_gradients(self, ok: bool, accum: int) -> list[int]:
+        """``balance.adaptive``'s gradient synchronisation: the ranks that could not finish their
+        micro-steps (out of memory), or none, in which case the gradients are averaged (one header
+        all-reduce, then buckets of ``dist.bucket_cap_mb``: the sum DDP's would give, after
+        backward instead of overlapped with it).
+
+        The header also carries each rank's squared gradient norm of its own mean loss, from which
+        with the averaged gradient's the gradient noise scale is estimated:
+        ``state.extras["grad_sq"]`` = {ranks: [|g_r|²], global: |G|², sizes: [b_r], accum}.
+        """
+        ctx, params = self.dist, [p for p in self._params if p.requires_grad]
+        w = ctx.world_size
+        header = torch.zeros(2 * w, dtype=torch.float64)
+        unscale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        grads: list[torch.Tensor] = []
+        if ok:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            header[ctx.rank] = 1.0
+            header[w + ctx.rank] = _sq_norm(grads) / (unscale * self.loss_weight) ** 2
+        ctx.all_reduce_sum(header)
+        failed = [r for r in range(w) if header[r] < 0.5]
+        if failed:
+            return failed
+        if ctx.distributed:
+            cap = int(self.cfg.dist.bucket_cap_mb * 2**20)
+            bucket: list[torch.Tensor] = []
+            for i, g in enumerate(grads):
+                bucket.append(g)
+                if i == len(grads) - 1 or sum(t.numel() * t.element_size() for t in bucket) >= cap:
+                    flat = ctx.all_reduce_sum(torch._utils._flatten_dense_tensors(bucket)).div_(w)
+                    for t, reduced in zip(
+                        bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True
+                    ):
+                        t.copy_(reduced)
+                    bucket = []
+        assert isinstance(self.sampler, GlobalBatchSampler)
+        self.state.extras["grad_sq"] = {
+            "ranks": header[w:].tolist(),
+            "global": _sq_norm(grads) / unscale**2,
+            "sizes": list(self.sampler.sizes),
+            "accum": accum,
+        }
+        return []
+
+    def forward_backward(
+        self, inputs: Any, target: Any, *, scale: float = 1.0, module: nn.Module | None = None
+    ) -> torch.Tensor:
+        """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss.
+        ``module``: what runs forward (default: the DDP wrapper when distributed)."""
+        module = self.module if module is None else module
         with self._autocast():
             if self.trainable is self.model:
-                loss = self.loss(call_model(self.module, inputs), target)
+                loss = self.loss(call_model(module, inputs), target)
             else:
-                loss = self.module(inputs, target)  # Objective: the loss's own parameters train too
+                loss = module(inputs, target)  # Objective: the loss's own parameters train too
         self.scaler.scale(loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
 

@@ -37,6 +37,8 @@ class TrainingFaults(Plugin):
     - ``lr_spike_at``: the LR of the steps on the data of steps s … s + ``lr_spike_steps`` − 1 is
       multiplied by ``lr_spike_factor``; the scheduler sets the planned LR again after each step.
     - ``slow_rank``: that rank sleeps ``slow_rank_s`` in the forward pass of every step.
+    - ``oom_batch``: a training forward pass of more than ``oom_batch[r]`` samples on rank r
+      raises ``torch.OutOfMemoryError`` (device memory for that many, on a machine without it).
     - ``speed_factors``: rank r's every training forward pass is followed by a sleep of
       (factor − 1) × 3 × that pass's time (backward costs about twice the forward), so the rank
       computes about ``factor`` times slower, in proportion to its batch, as slower hardware does.
@@ -55,6 +57,8 @@ class TrainingFaults(Plugin):
         self.factor = 1.0  # this rank's chaos.speed_factors entry
         self.in_step = False  # between on_step_start and after_backward: training forward passes
         self.forward_t0 = 0.0
+        self.oom_limit = 0  # this rank's chaos.oom_batch entry
+        self.step_drawn = 0  # batches drawn before this step (a redone step draws them again)
 
     @classmethod
     def wanted(cls, cfg: ChaosConfig) -> bool:
@@ -64,6 +68,7 @@ class TrainingFaults(Plugin):
             or cfg.lr_spike_at
             or cfg.slow_rank is not None
             or cfg.speed_factors
+            or cfg.oom_batch
         )
 
     def on_fit_start(self, trainer: Trainer) -> None:
@@ -87,6 +92,14 @@ class TrainingFaults(Plugin):
                 self.handles.append(model.register_forward_hook(self._slower_hook))
             if trainer.dist.is_main:
                 trainer.log_event("chaos", fault="speed_factors", speed_factors=list(factors))
+        if self.cfg.oom_batch:
+            try:
+                self.cfg.check_world_size(trainer.dist.world_size)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            self.oom_limit = self.cfg.oom_batch[trainer.dist.rank]
+            if self.oom_limit:
+                self.handles.append(model.register_forward_pre_hook(self._oom_hook, with_kwargs=True))
         if self.cfg.grad_spike_at:
             factor = self.cfg.grad_spike_factor
             for p in model.parameters():
@@ -105,6 +118,7 @@ class TrainingFaults(Plugin):
         accum = trainer.cfg.train.grad_accum
         if self.drawn is None:  # the first step of this process: at the restored step if resumed
             self.drawn = trainer.state.step * accum
+        self.step_drawn = self.drawn
         data_step = self.drawn // accum + 1
         self.nan = data_step in self.cfg.inject_nan_at
         self.spike = data_step in self.cfg.grad_spike_at
@@ -128,6 +142,20 @@ class TrainingFaults(Plugin):
 
     def after_backward(self, trainer: Trainer) -> None:
         self.nan = self.spike = self.slow = self.in_step = False  # evaluation's forward passes stay clean
+
+    def on_oom(self, trainer: Trainer, ranks: list[int]) -> None:
+        self.drawn = self.step_drawn  # the redone step is the same data step
+
+    def _oom_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if not self.in_step:
+            return
+        first = next(
+            (t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() > 0), None
+        )
+        if first is not None and first.shape[0] > self.oom_limit:
+            raise torch.OutOfMemoryError(
+                f"chaos.oom_batch: this rank has memory for {self.oom_limit} samples, not {first.shape[0]}"
+            )
 
     def _nan_hook(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor | None:
         return output * float("nan") if self.nan else None
