@@ -60,6 +60,13 @@ PANELS = (
     Panel("Per-rank compute time (s, window mean): stragglers stand out", ("rank_compute_time_s",)),
     Panel("Per-rank batch size (balance)", ("rank_batch_size",), marks=False),
     Panel("Per-rank utilisation: busy / wall (balance windows)", ("rank_utilisation",), marks=False),
+    Panel(
+        "Adaptive batch: global batch and gradient noise scale (samples)",
+        ("global_batch", "noise_scale"),
+        log_y=True,
+        marks=False,
+    ),
+    Panel("Adaptive batch: LR multiplier and peak memory per step (GB)", ("lr_scale", "peak_memory_gb")),
     Panel("Process CPU (%) and memory (MB)", ("cpu_percent", "rss_mb"), marks=False),
     Panel("GPU (NVML)", ("gpu_util_percent", "gpu_mem_mb", "gpu_temp_c"), marks=False),
     # federated runs: one panel per family of round metrics, so their curves share an axis
