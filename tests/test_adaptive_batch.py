@@ -102,7 +102,8 @@ def test_an_out_of_memory_rank_is_recovered_on_all_ranks_and_the_redone_step_is_
     the start (the global batch held at 32 by max_global_batch, so only the split differs)."""
     from tests.test_resilience_recovery import _final_weights
 
-    _run(tmp_path / "hit", "balance.batches=[16, 16]", "balance.max_global_batch=32", "chaos.oom_batch=[0, 12]")
+    hit = ["balance.batches=[16, 16]", "balance.max_global_batch=32", "chaos.oom_batch=[0, 12]"]
+    _run(tmp_path / "hit", *hit)
     _run(tmp_path / "ref", "balance.batches=[24, 8]", "balance.max_global_batch=32")
     events = [json.loads(line) for line in (tmp_path / "hit" / "events.jsonl").read_text().splitlines()]
     ooms = [e for e in events if e["event"] == "oom"]

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from vatra.balance.split import TimeModel
+
 GB = 1e9
 HEADROOM = 0.95  # share of the memory budget a rank's predicted peak may reach
 
@@ -77,12 +79,32 @@ class NoiseScale:
         self.trace, self.sq = state["trace"], state["sq"]
 
 
+def goodput_batch(noise: float | None, step: TimeModel | None) -> float | None:
+    """The global batch that makes training progress fastest in wall time (Pollux's goodput:
+    throughput × statistical efficiency), for a step lasting ``a + c·B`` seconds.
+
+    With B_noise = φ, training needs 1 + φ/B times the fewest possible steps (McCandlish et al.),
+    so a step of B samples makes progress ∝ B/(B + φ), and progress per second ∝
+    B / ((B + φ)(a + cB)), whose maximum is at B* = sqrt(φ · a / c): the geometric mean of the noise
+    scale and a/c, the batch at which the step's per-sample cost equals its fixed cost. Where the
+    step time hardly grows with the batch (communication, launch overhead) larger batches pay;
+    where it is all per-sample compute (a → 0) smaller ones do. None without a noise estimate; the
+    noise scale itself for a step model that is not physical (the balancer first tries a larger
+    batch once, to see how the step time grows).
+    """
+    if noise is None:
+        return None
+    if step is None or step.fixed <= 0.0 or step.per_sample <= 0.0:
+        return noise
+    return math.sqrt(noise * step.fixed / step.per_sample)
+
+
 def next_global_batch(
-    current: int, noise: float | None, start: int, largest: int, max_change: float, fits: int
+    current: int, target: float | None, start: int, largest: int, max_change: float, fits: int
 ) -> int:
-    """The next global batch: towards ``noise`` within [``start``, ``largest``], at most ``max_change``
+    """The next global batch: towards ``target`` within [``start``, ``largest``], at most ``max_change``
     of ``current`` away, and at most ``fits`` (what the ranks' memory caps add up to)."""
-    target = float(current) if noise is None else min(max(noise, float(start)), float(largest))
+    target = float(current) if target is None else min(max(target, float(start)), float(largest))
     low = math.floor(current * (1.0 - max_change) + 1e-9)
     high = math.ceil(current * (1.0 + max_change) - 1e-9)
     return max(1, min(round(min(max(target, low), high)), fits))

@@ -38,7 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vatra.balance.adaptive import NoiseScale, PeakMemory, lr_multiplier, memory_cap, next_global_batch
+from vatra.balance.adaptive import (
+    NoiseScale,
+    PeakMemory,
+    goodput_batch,
+    lr_multiplier,
+    memory_cap,
+    next_global_batch,
+)
 from vatra.balance.split import (
     HISTORY,
     TimeModel,
@@ -173,6 +180,7 @@ class Balancer(Plugin):
         self.budget: float | None = None
         self.base_memory = 0.0
         self.memory_rows: list[tuple[float, float]] = []  # per rank: (memory before training, budget)
+        self.step_history: deque[tuple[float, float]] = deque(maxlen=HISTORY)  # (global batch, step s)
         self.memory_history: list[deque[tuple[float, float]]] = []
         self.oom_caps: list[int] = []
         self.start_batch = 0
@@ -331,9 +339,17 @@ class Balancer(Plugin):
         caps = self.caps()
         assert self.policy is not None
         self.policy.caps = caps
+        self.step_history.append((float(sum(current)), max(row[2] for row in rows) / steps))
+        step_model = None
+        if self.cfg.batch_rule == "goodput" and len({b for b, _ in self.step_history}) > 1:
+            step_model = fit_time_model(*zip(*self.step_history, strict=True))
+        target = goodput_batch(self.noise.value, step_model)
+        if self.cfg.batch_rule == "goodput" and step_model is None and self.noise.value is not None:
+            # the step time seen at one global batch only: try a larger one, to learn how it grows
+            target = sum(current) * (1.0 + self.cfg.max_change)
         total = next_global_batch(
             sum(current),
-            self.noise.value,
+            target,
             self.start_batch,
             self.cfg.max_total(self.start_batch),
             self.cfg.max_change,
@@ -343,6 +359,7 @@ class Balancer(Plugin):
         resized = proportional_split(total, current, lo=self.cfg.min_batch, hi=caps)
         return resized, {
             "noise_scale": self.noise.value,
+            "target_batch": target,
             "global_batch": total,
             "caps": caps,
             "peak_memory_gb": [row[3] / 1e9 for row in rows],

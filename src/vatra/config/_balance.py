@@ -72,6 +72,11 @@ class BalanceConfig(Section):
         "auto",
         description="adaptive: the largest global batch; auto = 8 × the starting one.",
     )
+    batch_rule: Literal["goodput", "noise"] = Field(
+        "goodput",
+        description="adaptive: noise = the global batch follows the noise scale B_noise; goodput = the batch "
+        "that trains fastest in wall time, sqrt(B_noise · a / c) for a measured step time a + c·B.",
+    )
     lr_scaling: Literal["auto", "linear", "sqrt", "none"] = Field(
         "auto",
         description="adaptive: the LR × (B / B0) (linear) or × sqrt(B / B0) (sqrt) at global batch B "
