@@ -82,6 +82,14 @@ def test_adaptive_refuses_what_it_cannot_serve() -> None:
         )
     with pytest.raises(ConfigError, match=r"chaos\.oom_batch"):
         config_from_dict({"chaos": {"oom_batch": [-1]}})
+    from tests.conftest import small_config
+
+    from vatra.engine import Trainer
+    from vatra.monitor.chaos import TrainingFaults
+
+    cfg = small_config(chaos={"gpu_memory_gb": [4]})
+    with pytest.raises(ConfigError, match=r"gpu_memory_gb limits a GPU's memory.*chaos\.oom_batch"):
+        TrainingFaults(cfg.chaos).on_fit_start(Trainer.from_config(cfg))
 
 
 def _run(run: Path, *sets: str) -> None:

@@ -57,21 +57,28 @@ class ChaosConfig(Section):
         description="Device memory on one machine: a training forward pass of more than oom_batch[r] "
         "samples on rank r raises an out-of-memory error (0 = no limit); [] = off.",
     )
+    gpu_memory_gb: list[float] = Field(
+        [],
+        description="Real memory limits on GPUs: rank r's CUDA allocator holds at most gpu_memory_gb[r] GB "
+        "(torch.cuda.set_per_process_memory_fraction; 0 = the whole GPU); [] = off. GPU only: on the CPU "
+        "use oom_batch.",
+    )
 
     def check_world_size(self, world_size: int) -> None:
         """Per-rank lists must name every rank (``ValueError`` otherwise)."""
-        for name, value in (("speed_factors", self.speed_factors), ("oom_batch", self.oom_batch)):
+        lists = (("speed_factors", self.speed_factors), ("oom_batch", self.oom_batch))
+        for name, value in (*lists, ("gpu_memory_gb", self.gpu_memory_gb)):
             if value and len(value) != world_size:
                 raise ValueError(
                     f"chaos.{name} lists {len(value)} entries but the run has {world_size} ranks; "
                     "give one per rank"
                 )
 
-    @field_validator("oom_batch")
+    @field_validator("oom_batch", "gpu_memory_gb")
     @classmethod
-    def _oom(cls, value: list[int]) -> list[int]:
+    def _limits(cls, value: list[float]) -> list[float]:
         if any(b < 0 for b in value):
-            raise ValueError(f"every oom_batch entry must be ≥ 0 (0 = no limit); got {value}")
+            raise ValueError(f"every entry must be ≥ 0 (0 = no limit); got {value}")
         return value
 
     @field_validator("speed_factors")

@@ -39,6 +39,8 @@ class TrainingFaults(Plugin):
     - ``slow_rank``: that rank sleeps ``slow_rank_s`` in the forward pass of every step.
     - ``oom_batch``: a training forward pass of more than ``oom_batch[r]`` samples on rank r
       raises ``torch.OutOfMemoryError`` (device memory for that many, on a machine without it).
+    - ``gpu_memory_gb``: rank r's CUDA allocator holds at most that many GB (a real limit: its
+      allocations beyond it raise ``torch.OutOfMemoryError``); GPU only.
     - ``speed_factors``: rank r's every training forward pass is followed by a sleep of
       (factor − 1) × 3 × that pass's time (backward costs about twice the forward), so the rank
       computes about ``factor`` times slower, in proportion to its batch, as slower hardware does.
@@ -69,6 +71,7 @@ class TrainingFaults(Plugin):
             or cfg.slow_rank is not None
             or cfg.speed_factors
             or cfg.oom_batch
+            or cfg.gpu_memory_gb
         )
 
     def on_fit_start(self, trainer: Trainer) -> None:
@@ -92,6 +95,8 @@ class TrainingFaults(Plugin):
                 self.handles.append(model.register_forward_hook(self._slower_hook))
             if trainer.dist.is_main:
                 trainer.log_event("chaos", fault="speed_factors", speed_factors=list(factors))
+        if self.cfg.gpu_memory_gb:
+            self._limit_gpu_memory(trainer)
         if self.cfg.oom_batch:
             try:
                 self.cfg.check_world_size(trainer.dist.world_size)
@@ -142,6 +147,23 @@ class TrainingFaults(Plugin):
 
     def after_backward(self, trainer: Trainer) -> None:
         self.nan = self.spike = self.slow = self.in_step = False  # evaluation's forward passes stay clean
+
+    def _limit_gpu_memory(self, trainer: Trainer) -> None:
+        device = trainer.dist.device
+        try:
+            self.cfg.check_world_size(trainer.dist.world_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if device.type != "cuda":
+            raise ConfigError(
+                "chaos.gpu_memory_gb limits a GPU's memory, but this rank trains on the CPU; emulate the "
+                "limit with chaos.oom_batch (samples per rank) instead"
+            )
+        gb = self.cfg.gpu_memory_gb[trainer.dist.rank]
+        if gb:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, gb * 1e9 / total), device)
+            trainer.log_event("chaos", fault="gpu_memory_gb", limit_gb=gb)
 
     def on_oom(self, trainer: Trainer, ranks: list[int]) -> None:
         self.drawn = self.step_drawn  # the redone step is the same data step
