@@ -358,10 +358,12 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.dist.device.type == "cuda":
                     torch.cuda.empty_cache()
+            ts = time.perf_counter()
             failed = self._sync_gradients(done is not None, accum)
             if not failed:
                 assert done is not None
-                return done
+                loss_sum, data_time, fwd_bwd_time = done
+                return loss_sum, data_time, fwd_bwd_time + time.perf_counter() - ts  # as DDP's all-reduce
             self.optimizer.zero_grad(set_to_none=True)
             sampler.seek(*start)
             if self.dist.is_main:
