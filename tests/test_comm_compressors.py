@@ -55,7 +55,18 @@ def test_topk_keeps_exactly_the_largest() -> None:
     assert int(kept.sum()) == 10
     assert torch.equal(y[kept], x[kept])
     assert x[kept].abs().min() >= x[~kept].abs().max()
-    assert _payload_bytes(payload) == 10 * (4 + 4)  # int32 index + fp32 value
+    assert _payload_bytes(payload) == 10 * (4 + 4)  # 1 % kept: int32 index + fp32 value
+
+
+def test_a_sparsifier_above_one_in_32_sends_a_bitmask_instead_of_indices() -> None:
+    x = _grad((1000,))
+    comp = build_compressor(CommConfig(method="topk", ratio=0.25))
+    payload, ctx = comp.compress(x)
+    assert payload[0].dtype == torch.uint8 and _payload_bytes(payload) == 125 + 250 * 4
+    y = comp.decompress(payload, ctx)
+    kept = y != 0
+    assert int(kept.sum()) == 250 and torch.equal(y[kept], x[kept])
+    assert x[kept].abs().min() >= x[~kept].abs().max()
 
 
 def test_randomk_sends_k_original_values() -> None:
@@ -68,6 +79,24 @@ def test_randomk_sends_k_original_values() -> None:
     assert torch.equal(y[kept], x[kept])
     other = comp.decompress(*comp.compress(x)) != 0
     assert not torch.equal(kept, other)  # a fresh draw each call
+
+
+def test_randomk_with_shared_draws_sends_only_values_that_sum_across_ranks() -> None:
+    """In the DDP hook every rank's generator is seeded alike: the same indices, so only the values
+    travel, and the sum of two ranks' payloads decompresses to the sum of their kept values."""
+    a, b = _grad((50,)), _grad((50,))
+    ranks = []
+    for x in (a, b):
+        comp = build_compressor(CommConfig(method="randomk", ratio=0.2))
+        comp.shared = True
+        comp.generator = torch.Generator().manual_seed(7)
+        ranks.append(comp.compress(x))
+    (pa, ca), (pb, cb) = ranks
+    assert comp.sums and len(pa) == 1 and _payload_bytes(pa) == 10 * 4  # values only
+    summed = comp.decompress([pa[0] + pb[0]], ca)
+    kept = summed != 0
+    assert int(kept.sum()) == 10 and torch.equal(kept, comp.decompress(pb, cb) != 0)
+    torch.testing.assert_close(summed[kept], a[kept] + b[kept])
 
 
 def test_onebit_bits_and_scale() -> None:

@@ -59,6 +59,19 @@ class Compressor:
     error_feedback: ClassVar[bool] = True
     stochastic: ClassVar[bool] = False  # compress draws random numbers (from ``generator``)
     generator: torch.Generator | None = None  # set by the DDP hook for a stochastic compressor
+    # A compressor whose payload is summable when every rank draws the same numbers (random-k's
+    # values at shared indices) sets ``can_share_draws``; the DDP hook then seeds every rank's
+    # generator alike and sets ``shared``, and the payloads are all-reduced.
+    can_share_draws: ClassVar[bool] = False
+    shared: bool = False
+    # The recipe's uncompressed warm-up (comm.start_step = "auto"), as a share of train.steps, for
+    # methods that lose accuracy under Adam without it (at least the LR warm-up in any case).
+    dense_share: ClassVar[float] = 0.0
+
+    @property
+    def sums(self) -> bool:
+        """Whether the ranks' payloads are added element-wise (all-reduce) rather than gathered."""
+        return self.summable or self.shared
 
     @classmethod
     def from_config(cls, cfg: CommConfig) -> Compressor:
@@ -76,6 +89,23 @@ def keep_count(numel: int, ratio: float) -> int:
     return max(1, min(numel, int(-(-numel * ratio // 1))))
 
 
+_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)  # bit 7 first
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Bool tensor (n,) → uint8 tensor (⌈n/8⌉,), most significant bit first."""
+    n = bits.numel()
+    padded = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=bits.device)
+    padded[:n] = bits.to(torch.uint8)
+    return (padded.view(-1, 8) << _SHIFTS.to(bits.device)).sum(dim=1, dtype=torch.uint8)  # (n/8,)
+
+
+def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits`: uint8 (⌈n/8⌉,) → bool (n,)."""
+    bits = (packed.unsqueeze(1) >> _SHIFTS.to(packed.device)) & 1  # (n/8, 8)
+    return bits.reshape(-1)[:n].bool()
+
+
 def scatter_sparse(values: torch.Tensor, indices: torch.Tensor, ctx: Ctx) -> torch.Tensor:
     """Dense tensor of ``ctx``'s shape with ``values`` at flat ``indices`` and zeros elsewhere."""
     out = torch.zeros(ctx.numel, dtype=ctx.dtype, device=values.device)
@@ -90,12 +120,15 @@ def build_compressor(cfg: CommConfig, key: str = "comm.method") -> Compressor:
     return cls.from_config(cfg)
 
 
-AUTO_RATIO = 0.1  # the DDP hook's share when comm.ratio = "auto" (vatra.comm.recipe)
+AUTO_RATIO = 0.1  # the DDP hook's share when comm.ratio = "auto", unless the class sets its own
 AUTO_RATIO_UPLOAD = 0.01  # federated uploads' share when comm.ratio = "auto"
 
 
 class SparseCompressor(Compressor):
-    """Sends ⌈ratio·n⌉ chosen elements as (int32 index, value) pairs; subclasses choose which."""
+    """Sends ⌈ratio·n⌉ chosen elements and where they are (a bitmask, or int32 indices where fewer
+    than 1 in 32 are kept); subclasses choose which."""
+
+    auto_ratio: ClassVar[float] = AUTO_RATIO  # the DDP hook's share when comm.ratio = "auto" (recipe)
 
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = ratio
@@ -110,10 +143,22 @@ class SparseCompressor(Compressor):
         raise NotImplementedError
 
     def compress(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
+        """(where, values): ``where`` is a bitmask of the kept elements (⌈n/8⌉ bytes, values in index
+        order) when that is smaller than their int32 indices (4k bytes: above 1 in 32 kept), else
+        the indices. Both sizes follow from n and the ratio alone, as the payload contract asks."""
         flat = tensor.reshape(-1)
-        indices = self.select(flat, keep_count(flat.numel(), self.ratio))
+        n = flat.numel()
+        k = keep_count(n, self.ratio)
+        indices = self.select(flat, k)
+        if -(-n // 8) < 4 * k:
+            indices = indices.sort().values
+            mask = torch.zeros(n, dtype=torch.bool, device=flat.device)
+            mask[indices] = True
+            return [pack_bits(mask), flat[indices]], Ctx(tensor.shape, tensor.dtype)
         return [indices.to(torch.int32), flat[indices]], Ctx(tensor.shape, tensor.dtype)
 
     def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
-        indices, values = payload
-        return scatter_sparse(values, indices, ctx)
+        where, values = payload
+        if where.dtype == torch.uint8:  # a bitmask
+            where = unpack_bits(where, ctx.numel).nonzero().squeeze(1)
+        return scatter_sparse(values, where, ctx)

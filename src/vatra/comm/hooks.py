@@ -212,7 +212,7 @@ def _average_payloads(
     comp, world = state.compressor, state.topology.world_size
     flat = [t for p in payloads for t in p]
     bounds = _bounds(payloads)
-    if comp.summable:
+    if comp.sums:
         all_reduce_coalesced_(flat, sum_topology, state.bucket_bytes)
         for (_, g), ctx, (a, b) in zip(large, ctxs, bounds, strict=True):
             g.copy_(comp.decompress(flat[a:b], ctx)).div_(world)

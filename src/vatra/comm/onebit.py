@@ -4,24 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload
+from vatra.comm._base import Compressor, Ctx, Payload, pack_bits, unpack_bits
 from vatra.config._comm import CommConfig
 
-_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)  # bit 7 first
-
-
-def pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Bool tensor (n,) → uint8 tensor (⌈n/8⌉,), most significant bit first."""
-    n = bits.numel()
-    padded = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=bits.device)
-    padded[:n] = bits.to(torch.uint8)
-    return (padded.view(-1, 8) << _SHIFTS.to(bits.device)).sum(dim=1, dtype=torch.uint8)  # (n/8,)
-
-
-def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: uint8 (⌈n/8⌉,) → bool (n,)."""
-    bits = (packed.unsqueeze(1) >> _SHIFTS.to(packed.device)) & 1  # (n/8, 8)
-    return bits.reshape(-1)[:n].bool()
+__all__ = ["OneBit", "pack_bits", "unpack_bits"]
 
 
 class OneBit(Compressor):
@@ -33,6 +19,8 @@ class OneBit(Compressor):
     as noise the optimizer sees); a per-row scale sends exactly 0 for that row, and rows with larger
     gradients get larger steps. Costs 4 bytes per row (1.6 % on top of the bits of a 2048-wide row).
     """
+
+    dense_share = 0.25  # with the LR warm-up only, it ended 1.8 points behind on synthetic and gpt_text
 
     def __init__(self, scale: str = "tensor") -> None:
         self.scale = scale

@@ -117,7 +117,10 @@ class CommPlugin(Plugin):
         draws = None
         if compressor.stochastic:
             seed, device = trainer.cfg.run.seed, trainer.dist.device
-            draws = TensorDraws(seed, topology.rank, _positions(trainer), device)
+            # random-k: the same indices on every rank, so only the values travel, all-reduced
+            shared = compressor.can_share_draws
+            compressor.shared = shared
+            draws = TensorDraws(seed, 0 if shared else topology.rank, _positions(trainer), device)
         state = HookState(
             compressor=compressor,
             memory=memory,
