@@ -243,7 +243,8 @@ class Balancer(Plugin):
             return
         stats = trainer.state.extras.pop("grad_sq", None)
         if stats is not None and not trainer.state.extras.get("amp_overflow"):
-            self.noise.update(stats["ranks"], stats["sizes"], stats["accum"], stats["global"])
+            global_sq = float(trainer.state.extras["grad_norm"]) ** 2  # the averaged gradient's, unscaled
+            self.noise.update(stats["ranks"], stats["sizes"], stats["accum"], global_sq)
         self.lr_scale = lr_multiplier(
             self.cfg.lr_scaling, trainer.cfg.optim.name, self.sampler.global_batch, self.start_batch
         )

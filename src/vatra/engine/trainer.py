@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import IterableDataset
 
+from vatra.comm.batching import coalesced_
 from vatra.config import Config
 from vatra.data import (
     Batch,
@@ -381,8 +382,8 @@ class Trainer:
         backward instead of overlapped with it).
 
         The header also carries each rank's squared gradient norm of its own mean loss, from which
-        with the averaged gradient's the gradient noise scale is estimated:
-        ``state.extras["grad_sq"]`` = {ranks: [|g_r|²], global: |G|², sizes: [b_r], accum}.
+        with the averaged gradient's (the step's ``grad_norm``) the gradient noise scale is estimated:
+        ``state.extras["grad_sq"]`` = {ranks: [|g_r|²], sizes: [b_r], accum}.
         """
         ctx, params = self.dist, [p for p in self._params if p.requires_grad]
         w = ctx.world_size
@@ -401,21 +402,11 @@ class Trainer:
         if failed:
             return failed
         if ctx.distributed:
-            cap = int(self.cfg.dist.bucket_cap_mb * 2**20)
-            bucket: list[torch.Tensor] = []
-            for i, g in enumerate(grads):
-                bucket.append(g)
-                if i == len(grads) - 1 or sum(t.numel() * t.element_size() for t in bucket) >= cap:
-                    flat = ctx.all_reduce_sum(torch._utils._flatten_dense_tensors(bucket)).div_(w)
-                    for t, reduced in zip(
-                        bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True
-                    ):
-                        t.copy_(reduced)
-                    bucket = []
+            coalesced_(grads, ctx.all_reduce_sum, int(self.cfg.dist.bucket_cap_mb * 2**20))
+            torch._foreach_div_(grads, w)
         assert isinstance(self.sampler, GlobalBatchSampler)
         self.state.extras["grad_sq"] = {
             "ranks": header[w:].tolist(),
-            "global": _sq_norm(grads) / unscale**2,
             "sizes": list(self.sampler.sizes),
             "accum": accum,
         }

@@ -76,6 +76,10 @@ class TrainingFaults(Plugin):
 
     def on_fit_start(self, trainer: Trainer) -> None:
         model = trainer.model
+        try:  # the per-rank lists name every rank
+            self.cfg.check_world_size(trainer.dist.world_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         if self.cfg.inject_nan_at:
             self.handles.append(model.register_forward_hook(self._nan_hook))
         if self.cfg.slow_rank is not None and self.cfg.slow_rank == trainer.dist.rank:
@@ -85,10 +89,6 @@ class TrainingFaults(Plugin):
             )
         factors = self.cfg.speed_factors
         if factors:
-            try:
-                self.cfg.check_world_size(trainer.dist.world_size)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
             self.factor = factors[trainer.dist.rank]
             if self.factor > 1.0:
                 self.handles.append(model.register_forward_pre_hook(self._clock_hook))
@@ -98,10 +98,6 @@ class TrainingFaults(Plugin):
         if self.cfg.gpu_memory_gb:
             self._limit_gpu_memory(trainer)
         if self.cfg.oom_batch:
-            try:
-                self.cfg.check_world_size(trainer.dist.world_size)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
             self.oom_limit = self.cfg.oom_batch[trainer.dist.rank]
             if self.oom_limit:
                 self.handles.append(model.register_forward_pre_hook(self._oom_hook, with_kwargs=True))
@@ -150,10 +146,6 @@ class TrainingFaults(Plugin):
 
     def _limit_gpu_memory(self, trainer: Trainer) -> None:
         device = trainer.dist.device
-        try:
-            self.cfg.check_world_size(trainer.dist.world_size)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
         if device.type != "cuda":
             raise ConfigError(
                 "chaos.gpu_memory_gb limits a GPU's memory, but this rank trains on the CPU; emulate the "
