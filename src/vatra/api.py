@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vatra.asyncdp import mode_plugin
 from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
 from vatra.config import Config, config_from_dict, dump_toml, load_config
@@ -53,7 +54,7 @@ def build_plugins(cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = ()) ->
         plugins.append(TrainingFaults(cfg.chaos))
     if cfg.chaos.kill_at_steps:
         plugins.append(KillInjector(cfg.chaos, run_dir))
-    plugins.append(CommPlugin(cfg.comm))
+    plugins.append(CommPlugin(cfg.comm) if cfg.dist.mode == "sync" else mode_plugin(cfg))
     if Balancer.wanted(cfg.balance):
         plugins.append(Balancer(cfg.balance))
     if cfg.monitor.enabled:

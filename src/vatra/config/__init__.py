@@ -1,5 +1,6 @@
 """Typed run configuration: sections, TOML loading, overrides."""
 
+from vatra.config._asyncdp import DiLoCoConfig, LocalSGDConfig
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -34,11 +35,13 @@ __all__ = [
     "CommConfig",
     "Config",
     "DataConfig",
+    "DiLoCoConfig",
     "DistConfig",
     "DriftConfig",
     "ErasureConfig",
     "FederatedConfig",
     "HealConfig",
+    "LocalSGDConfig",
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",

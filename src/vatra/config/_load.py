@@ -11,6 +11,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, model_validator
 
+from vatra.config._asyncdp import DiLoCoConfig, LocalSGDConfig
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -62,6 +63,8 @@ class Config(Section):
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
+    local_sgd: LocalSGDConfig = Field(default_factory=LocalSGDConfig)
+    diloco: DiLoCoConfig = Field(default_factory=DiLoCoConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:
@@ -110,6 +113,34 @@ class Config(Section):
                     "can redo the step with the others), without comm's hooks; set comm.method = 'none' "
                     "and comm.topology = 'auto', or balance.adaptive = false"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _dist_mode(self) -> Config:
+        mode = self.dist.mode
+        if mode == "sync":
+            return self
+        if self.balance.method != "off":
+            raise ValueError(
+                f"dist.mode = {mode!r}: every rank takes the same number of local steps on batches of "
+                "train.batch_size, so uneven per-rank batches do not apply; set balance.method = 'off' "
+                "(diloco.adaptive_steps gives a slow rank fewer local steps instead)"
+            )
+        if mode == "local_sgd" and (
+            self.comm.method != "none" or self.comm.topology in ("ring", "hierarchical")
+        ):
+            raise ValueError(
+                "dist.mode = 'local_sgd' averages parameters with torch's model averager (and DDP's own "
+                "all-reduce during local_sgd.warmup_steps), without comm's hooks; set comm.method = 'none' "
+                "and comm.topology = 'auto', or use dist.mode = 'diloco', whose pseudo-gradients go "
+                "through comm"
+            )
+        if mode == "diloco" and self.comm.method == "powersgd":
+            raise ValueError(
+                "dist.mode = 'diloco' with comm.method = 'powersgd': the pseudo-gradient is averaged once "
+                "per round, where PowerSGD's warm-started factors do not carry over; use fp16, bf16, topk, "
+                "randomk, onebit or qsgd"
+            )
         return self
 
 

@@ -138,7 +138,8 @@ class Trainer:
         if any(True for _ in self.loss.parameters()):
             self.trainable = Objective(self.model, self.loss)
         self.module: nn.Module = self.trainable  # what runs forward: the DDP wrapper when distributed
-        if self.dist.distributed:
+        # dist.mode = diloco: every rank steps on its own gradients, synchronised by the mode's plugin
+        if self.dist.distributed and cfg.dist.mode in ("sync", "local_sgd"):
             ids = [device.index] if device.type == "cuda" else None
             self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
         self.sampler = sampler
@@ -276,8 +277,11 @@ class Trainer:
         t0 = time.perf_counter()
         state, accum = self.state, self.cfg.train.grad_accum
         state.skip_update = False
+        state.idle = False
         self.plugins.on_step_start(self)
         lr = self.scheduler.get_last_lr()[0]
+        if state.idle:
+            return self._idle_step(t0, float(lr))
         self.optimizer.zero_grad(set_to_none=True)
         if self.guarded:
             loss_sum, data_time, fwd_bwd_time = self._guarded_micro_steps(accum)
@@ -297,6 +301,7 @@ class Trainer:
             self.scaler.update()
         self.scheduler.step()
         state.step += 1
+        self.plugins.after_update(self)
         step_time = time.perf_counter() - t0
         batch = self.global_batch * accum
         state.samples_seen += batch
@@ -317,6 +322,31 @@ class Trainer:
             metrics["amp_overflow"] = overflow
             metrics["loss_scale"] = self.scaler.get_scale()
         return metrics
+
+    def _idle_step(self, t0: float, lr: float) -> dict[str, Any]:
+        """A step this rank sits out (``state.idle``, set by ``diloco.adaptive_steps`` on a slow rank):
+        no data is read and nothing is computed, but the step counts and the LR schedule moves on,
+        so every rank's step counter stays the same. Loss and gradient norm repeat the last step's."""
+        state = self.state
+        self.scheduler.step()
+        state.step += 1
+        self.plugins.after_update(self)
+        step_time = time.perf_counter() - t0
+        state.train_time_s += step_time
+        last = state.last_metrics
+        return {
+            "step": state.step,
+            "loss": last.get("loss", math.nan),
+            "lr": lr,
+            "grad_norm": last.get("grad_norm", 0.0),
+            "samples_per_s": 0.0,
+            "step_time_s": step_time,
+            "data_time_s": 0.0,
+            "fwd_bwd_time_s": 0.0,
+            "optim_time_s": 0.0,
+            "skipped": False,
+            "idle": True,
+        }
 
     def _micro_steps(self, accum: int, module: nn.Module) -> tuple[torch.Tensor, float, float]:
         """Forward and backward of the step's ``accum`` micro-batches through ``module``: the summed
