@@ -53,8 +53,8 @@ def _trainer(sections: dict[str, Any], indices: np.ndarray, batch: int, ctx: Dis
     return Trainer(cfg, model, base.train_data, None, base.spec, sampler, dist=ctx, plugins=plugins)
 
 
-def _rank_indices(rank: int) -> np.ndarray:
-    glob = np.arange(STEPS * WORLD * LOCAL_BATCH).reshape(STEPS, WORLD, LOCAL_BATCH)
+def _rank_indices(rank: int, world: int) -> np.ndarray:
+    glob = np.arange(STEPS * world * LOCAL_BATCH).reshape(STEPS, world, LOCAL_BATCH)
     return glob[:, rank, :].reshape(-1)
 
 
@@ -68,14 +68,14 @@ class Keep:
         self.metrics.append(dict(m))
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
+def _worker(rank: int, init_file: str, out_dir: str, world: int, runs: dict[str, dict[str, Any]]) -> None:
     torch.set_num_threads(1)
     ctx = DistContext.init(
-        small_config().dist, rank=rank, world_size=WORLD, init_method=f"file://{init_file}"
+        small_config().dist, rank=rank, world_size=world, init_method=f"file://{init_file}"
     )
     try:
-        for name, sections in [*MODES.items(), ("streaming", STREAMING)]:
-            trainer = _trainer(sections, _rank_indices(rank), LOCAL_BATCH, ctx)
+        for name, sections in runs.items():
+            trainer = _trainer(sections, _rank_indices(rank, world), LOCAL_BATCH, ctx)
             keep = Keep()
             trainer.plugins.by_hook["on_step_end"].append(keep.on_step_end)
             trainer.fit()
@@ -88,8 +88,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 def test_h1_equals_single_process_and_streaming_ends_in_step(tmp_path: Path) -> None:
     # Execute: every mode on 2 ranks (one launch), and the single-process reference
+    runs = {**MODES, "streaming": STREAMING}
     mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, start_method="spawn"
+        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path), WORLD, runs), nprocs=WORLD, start_method="spawn"
     )
     ref = _trainer({}, np.arange(STEPS * WORLD * LOCAL_BATCH), WORLD * LOCAL_BATCH, None)
     ref.fit()
@@ -116,6 +117,19 @@ def test_h1_equals_single_process_and_streaming_ends_in_step(tmp_path: Path) -> 
     assert not any(m.get("idle") for m in a["metrics"])
 
 
+def test_hybrid_h1_equals_single_process(tmp_path: Path) -> None:
+    # 4 ranks in 2 groups of 2: DDP inside each group, DiLoCo (outer SGD at lr 1, H = 1) across
+    hybrid = {**MODES["diloco"], "dist": {"mode": "hybrid"}, "hybrid": {"group_size": 2}}
+    args = (str(tmp_path / "rdzv"), str(tmp_path), 4, {"hybrid": hybrid})
+    mp.start_processes(_worker, args=args, nprocs=4, start_method="spawn")
+    ref = _trainer({}, np.arange(STEPS * 4 * LOCAL_BATCH), 4 * LOCAL_BATCH, None)
+    ref.fit()
+    for r in range(4):
+        got = torch.load(tmp_path / f"hybrid{r}.pt")
+        for g, w in zip(got["params"], ref.model.parameters(), strict=True):
+            torch.testing.assert_close(g, w.detach(), rtol=1e-5, atol=1e-6, msg=f"rank {r}")
+
+
 def test_schedules() -> None:
     assert split_fragments([10, 10, 10, 10], 2) == [[0, 1], [2, 3]]
     assert split_fragments([100, 1, 1, 1], 3) == [[0], [1], [2, 3]]  # every fragment gets a tensor
@@ -133,6 +147,7 @@ def test_schedules() -> None:
         (["dist.mode=local_sgd", "comm.method=topk"], "comm.method = 'none'"),
         (["dist.mode=diloco", "comm.method=powersgd"], "powersgd"),
         (["dist.mode=diloco", "balance.method=static"], "balance.method = 'off'"),
+        (["dist.mode=hybrid", "comm.method=powersgd"], "powersgd"),
         (["dist.mode=gossip"], "dist.mode"),
     ],
 )

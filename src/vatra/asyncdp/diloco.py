@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from vatra.asyncdp._state import copy_into, flat_optimizer_state, load_flat_optimizer_state, named
 from vatra.comm._base import build_compressor
+from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, average_
 from vatra.comm.memory import Memory, NoMemory
 from vatra.comm.plugin import build_hook_state
@@ -94,9 +95,10 @@ class DiLoCo(Plugin):
     step), with adaptive_steps ``inner_steps`` (this rank's count this round).
     """
 
-    def __init__(self, cfg: DiLoCoConfig, comm: CommConfig) -> None:
+    def __init__(self, cfg: DiLoCoConfig, comm: CommConfig, *, group_size: int = 1) -> None:
         self.cfg = cfg
         self.comm = comm
+        self.group_size = group_size  # hybrid: ranks that run DDP together and must step alike
         self.trainer: Trainer | None = None
         self.params: list[torch.Tensor] = []
         self.names: list[str] = []
@@ -111,9 +113,10 @@ class DiLoCo(Plugin):
         self.busy = 0.0  # compute seconds and steps since the last round's end (adaptive_steps)
         self.busy_steps = 0
         self.t0 = 0.0
-        self.sent = 0
+        self.sent = self.cross_host = 0
         self.synced = 0
-        self.total_bytes = 0
+        self.total_bytes = self.total_cross_host = 0
+        self.hierarchical = False
         self.rounds = 0
 
     # ------------------------------------------------------------------ setup
@@ -153,6 +156,7 @@ class DiLoCo(Plugin):
         use_memory = comm.error_feedback and compressor.error_feedback and not compressor.lossless
         memory = Memory() if use_memory else NoMemory()
         topology = build_topology(comm.topology, ByteCounter())
+        self.hierarchical = isinstance(topology, HierarchicalTopology)
         index = {i: i for i in range(len(self.params))}
         return build_hook_state(
             comm, compressor, topology, memory, seed=trainer.cfg.run.seed, index=index,
@@ -175,7 +179,7 @@ class DiLoCo(Plugin):
         k, h = trainer.state.step, self.cfg.inner_steps
         last = k >= trainer.cfg.train.steps
         due = [f for f, off in enumerate(self.offsets) if last or k % h == off]
-        self.sent = 0
+        self.sent = self.cross_host = 0
         self.synced = len(due)
         if not due:
             return
@@ -188,8 +192,9 @@ class DiLoCo(Plugin):
             self.done[f] = 0
         self.rounds += 1
         if counter is not None:
-            self.sent = counter.sent
+            self.sent, self.cross_host = counter.sent, counter.cross_host
         self.total_bytes += self.sent
+        self.total_cross_host += self.cross_host
 
     def _exchange(self, due: list[int], round_end: bool) -> dict[int, float]:
         """adaptive_steps: one small all-reduce of every rank's computed steps per due fragment and
@@ -208,7 +213,9 @@ class DiLoCo(Plugin):
             total = float(table[row].sum())
             weights[f] = self.done[f] * w / total if total > 0 else 1.0
         if round_end:
-            self.counts = steps_for_speed(table[-1].tolist(), self.cfg.inner_steps)
+            counts = steps_for_speed(table[-1].tolist(), self.cfg.inner_steps)
+            g = self.group_size  # a group computes together (DDP): at its slowest member's count
+            self.counts = [min(counts[r - r % g : r - r % g + g]) for r in range(w)]
             self.busy, self.busy_steps = 0.0, 0
         return weights
 
@@ -232,12 +239,16 @@ class DiLoCo(Plugin):
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         metrics["comm_bytes"] = self.sent
         metrics["synced"] = self.synced
+        if self.hierarchical:
+            metrics["comm_cross_host_bytes"] = self.cross_host
         if self.cfg.adaptive_steps:
             metrics["inner_steps"] = self.counts[trainer.dist.rank]
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         summary["comm_bytes"] = self.total_bytes
-        summary["dist_mode"] = "diloco"
+        if self.hierarchical:
+            summary["comm_cross_host_bytes"] = self.total_cross_host
+        summary["dist_mode"] = trainer.cfg.dist.mode
 
     # ------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, dict[str, Any]]:

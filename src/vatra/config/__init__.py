@@ -1,6 +1,6 @@
 """Typed run configuration: sections, TOML loading, overrides."""
 
-from vatra.config._asyncdp import DiLoCoConfig, LocalSGDConfig
+from vatra.config._asyncdp import DiLoCoConfig, HybridConfig, LocalSGDConfig
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -41,6 +41,7 @@ __all__ = [
     "ErasureConfig",
     "FederatedConfig",
     "HealConfig",
+    "HybridConfig",
     "LocalSGDConfig",
     "ModelConfig",
     "MonitorConfig",

@@ -49,3 +49,13 @@ class DiLoCoConfig(Section):
         "takes fewer local steps in a round instead of holding the others (its pseudo-gradient is "
         "weighted by its share of the round's steps).",
     )
+
+
+class HybridConfig(Section):
+    group_size: int = Field(
+        2,
+        ge=1,
+        description="dist.mode = 'hybrid': ranks per synchronous group (contiguous ranks: one host's in "
+        "the cluster harness, with dist.nproc = group_size); each group runs DDP inside and the groups "
+        "exchange DiLoCo-style ([diloco]) across.",
+    )

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import Field, ValidationError, model_validator
 
-from vatra.config._asyncdp import DiLoCoConfig, LocalSGDConfig
+from vatra.config._asyncdp import DiLoCoConfig, HybridConfig, LocalSGDConfig
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -65,6 +65,7 @@ class Config(Section):
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
     local_sgd: LocalSGDConfig = Field(default_factory=LocalSGDConfig)
     diloco: DiLoCoConfig = Field(default_factory=DiLoCoConfig)
+    hybrid: HybridConfig = Field(default_factory=HybridConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:
@@ -135,9 +136,9 @@ class Config(Section):
                 "and comm.topology = 'auto', or use dist.mode = 'diloco', whose pseudo-gradients go "
                 "through comm"
             )
-        if mode == "diloco" and self.comm.method == "powersgd":
+        if mode in ("diloco", "hybrid") and self.comm.method == "powersgd":
             raise ValueError(
-                "dist.mode = 'diloco' with comm.method = 'powersgd': the pseudo-gradient is averaged once "
+                f"dist.mode = {mode!r} with comm.method = 'powersgd': the pseudo-gradient is averaged once "
                 "per round, where PowerSGD's warm-started factors do not carry over; use fp16, bf16, topk, "
                 "randomk, onebit or qsgd"
             )

@@ -138,10 +138,14 @@ class Trainer:
         if any(True for _ in self.loss.parameters()):
             self.trainable = Objective(self.model, self.loss)
         self.module: nn.Module = self.trainable  # what runs forward: the DDP wrapper when distributed
-        # dist.mode = diloco: every rank steps on its own gradients, synchronised by the mode's plugin
-        if self.dist.distributed and cfg.dist.mode in ("sync", "local_sgd"):
+        # dist.mode = diloco: every rank steps on its own gradients, synchronised by the mode's plugin;
+        # hybrid: DDP inside the rank's group
+        if self.dist.distributed and cfg.dist.mode in ("sync", "local_sgd", "hybrid"):
             ids = [device.index] if device.type == "cuda" else None
-            self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
+            group = self._hybrid_group() if cfg.dist.mode == "hybrid" else None
+            self.module = DDP(
+                self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb, process_group=group
+            )
         self.sampler = sampler
         self.batches = self._train_batches()
         self._params = list(self.trainable.parameters())
@@ -152,6 +156,20 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         # balance.adaptive: the trainer synchronises the gradients itself (an OOM rank redoes the step)
         self.guarded = cfg.balance.adaptive and isinstance(self.sampler, GlobalBatchSampler)
+
+    def _hybrid_group(self) -> torch.distributed.ProcessGroup:
+        """``dist.mode = "hybrid"``: this rank's group of ``hybrid.group_size`` contiguous ranks
+        (a collective: every rank creates every group)."""
+        size, world = self.cfg.hybrid.group_size, self.dist.world_size
+        if world % size:
+            raise ConfigError(
+                f"hybrid.group_size = {size} does not divide the world size {world}; give a divisor of "
+                f"{world} (the ranks of one host: dist.nproc)"
+            )
+        groups = [list(range(g, g + size)) for g in range(0, world, size)]
+        group, _ = torch.distributed.new_subgroups_by_enumeration(groups)
+        assert group is not None
+        return group
 
     def _train_batches(self) -> Batches:
         """This rank's batches: sampled from its shard (map-style) or read from its share (streams)."""
