@@ -59,3 +59,27 @@ class HybridConfig(Section):
         "the cluster harness, with dist.nproc = group_size); each group runs DDP inside and the groups "
         "exchange DiLoCo-style ([diloco]) across.",
     )
+
+
+class AsyncConfig(Section):
+    """``[async]`` (a Python keyword: the field is ``Config.async_``)."""
+
+    staleness: Literal["none", "inverse", "exp"] = Field(
+        "inverse",
+        description="dist.mode = 'async': how a gradient's staleness τ (server updates since the worker "
+        "pulled the parameters it was computed on) scales its step: none = lr; inverse = lr / (1 + τ) "
+        "(Zhang et al. 2016); exp = lr · exp(−staleness_alpha · τ).",
+    )
+    staleness_alpha: float = Field(0.2, gt=0.0, description="exp: the decay α per update of staleness.")
+    max_staleness: int = Field(
+        16,
+        ge=0,
+        description="A gradient staler than this many updates is refused, and the worker gets fresh "
+        "parameters instead (it must pull before it pushes again); 0 = no limit.",
+    )
+    restarts: int = Field(
+        3,
+        ge=0,
+        description="Times a dead worker or server process is restarted in place (workers resume from "
+        "their own last state, servers from their last saved shard) while the others go on.",
+    )

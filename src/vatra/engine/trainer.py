@@ -525,10 +525,11 @@ class Trainer:
             return {}
         self.module.eval()
         metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss).to(self.dist.device)
+        alone = not self.dist.distributed  # without collectives: the whole validation set here
         batches = eval_batches(
             self.val_data,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
+            rank=0 if alone else self.dist.rank,
+            world_size=1 if alone else self.dist.world_size,
             batch_size=self.cfg.train.eval_batch_size,
             workers=self.cfg.data.workers,
             device=self.dist.device,
