@@ -259,6 +259,7 @@ class Server:
         every = cfg.checkpoint.every_steps if isinstance(cfg.checkpoint.every_steps, int) else 25
         self.save_every = every * workers if cfg.checkpoint.enabled else 0
         self.saved_version = 0
+        self.save_lock = threading.Lock()
         self.kill_at = set(cfg.chaos.kill_at_steps) if cfg.chaos.kill_rank == workers + index else set()
         self.errors: list[str] = []
 
@@ -290,10 +291,10 @@ class Server:
             t.start()
         while any(t.is_alive() for t in threads):
             for t in threads:
-                t.join(timeout=1.0)
+                t.join(timeout=1.0 / len(threads))
+            if self.errors:  # a worker's thread failed: restart from the last saved shard
+                raise RuntimeError(self.errors[0])
             self._log_load()
-        if self.errors:
-            raise RuntimeError(self.errors[0])
         self._save()
         self._log_load(final=True)
 
@@ -313,8 +314,11 @@ class Server:
             link.connect()
             while not self._session(link, worker):
                 link.reconnect()  # the worker died: wait for its next incarnation
-        except Exception as exc:  # a worker that never came back: the run cannot finish
+        except Exception as exc:  # a worker that never came back, or a fault of this server's
             self.errors.append(f"server {self.index}, worker {worker}: {type(exc).__name__}: {exc}")
+            self.run_dir.log_event(
+                "async_server_error", server=self.index, worker=worker, error=self.errors[-1]
+            )
 
     def _session(self, link: Link, worker: int) -> bool:
         """Serve one connection until the worker says goodbye (True) or the link breaks (False)."""
@@ -344,7 +348,8 @@ class Server:
                     return True
                 reply = shard.push(wire.recv(link, grad), int(header[1]), float(header[3]))
                 self._reply(link, reply)
-                self._after_update(shard)
+                if reply.accepted:
+                    self._after_update(shard, reply.version)
         except (RuntimeError, dist.DistError) as exc:
             self.run_dir.log_event("async_link_lost", server=self.index, worker=worker, error=str(exc)[:200])
             return False
@@ -355,10 +360,11 @@ class Server:
         link.send(head.to(torch.float64))
         self.wire.send(link, reply.params, torch.float32)
 
-    def _after_update(self, shard: ShardServer) -> None:
-        version = shard.version
+    def _after_update(self, shard: ShardServer, version: int) -> None:
         if self.save_every and version - self.saved_version >= self.save_every:
-            self._save()
+            with self.save_lock:  # one thread saves; the others' updates wait for the next save
+                if version - self.saved_version >= self.save_every:
+                    self._save()
         if version in self.kill_at:
             self.run_dir.log_event(
                 "chaos_kill", rank=self.cfg.chaos.kill_rank, step=version, signal="SIGKILL"
