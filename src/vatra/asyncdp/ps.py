@@ -270,7 +270,6 @@ class Server:
             assert self.shard is not None
             self.shard.load_state_dict(saved["shard"])
             self.saved_version = self.shard.version
-            self.done = set(saved.get("done", []))
             self.run_dir.log_event(
                 "async_server_resumed",
                 server=self.index,
@@ -282,10 +281,10 @@ class Server:
 
             self.kill_at -= fired_steps(self.run_dir, "chaos_kill")
         publish_incarnation(self.store, f"server{self.index}", self.incarnation)
+        # every worker, also one that said goodbye before a restart: it says it again on its new link
         threads = [
             threading.Thread(target=self._serve, args=(w,), name=f"ps{self.index}-w{w}", daemon=True)
             for w in range(self.workers)
-            if w not in self.done
         ]
         for t in threads:
             t.start()
@@ -382,7 +381,7 @@ class Server:
         if self.shard is None or not self.cfg.checkpoint.enabled:
             return
         shard = self.shard.state_dict()
-        state = {"numels": self.numels, "shard": shard, "done": sorted(self.done)}
+        state = {"numels": self.numels, "shard": shard}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         torch.save(state, tmp)
