@@ -98,7 +98,7 @@ def test_one_worker_without_staleness_equals_one_process(tmp_path: Path) -> None
 
 def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
     base = ["dist.mode=async", "train.steps=30", "checkpoint.every_steps=10", "run.tensorboard=false"]
-    base += ["dist.timeout_s=60"]  # a hang fails within the test's time
+    base += ["dist.timeout_s=120"]  # a hang fails within the test's time
     args = [a for s in (*base, *sets) for a in ("--set", s)]
     cmd = [
         sys.executable,
@@ -127,8 +127,8 @@ def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: P
     worker_run, server_run = tmp_path / "worker", tmp_path / "server"
     hit_worker = _start(worker_run, "chaos.kill_rank=1", "chaos.kill_at_steps=[15]")
     hit_server = _start(server_run, "chaos.kill_rank=2", "chaos.kill_at_steps=[25]")
-    _, werr = hit_worker.communicate(timeout=300)
-    _, serr = hit_server.communicate(timeout=300)
+    _, werr = hit_worker.communicate(timeout=400)
+    _, serr = hit_server.communicate(timeout=400)
     assert hit_worker.returncode == 0, werr[-2000:]
     assert hit_server.returncode == 0, serr[-2000:]
     # Assert (worker): only worker 1 restarted; it resumed from its step-10 state, worker 0 went on

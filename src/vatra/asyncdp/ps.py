@@ -177,10 +177,10 @@ class Link:
         mine = int(self.store.get(self.my_key))
         sinc, winc = (mine, inc) if self.is_server else (inc, mine)
         prefix = f"pair/s{self.server}.{sinc}/w{self.worker}.{winc}"
+        self.peer_inc = inc  # also when pairing fails: the caller then waits for a newer one
         self.group = dist.ProcessGroupGloo(
             dist.PrefixStore(prefix, self.store), 0 if self.is_server else 1, 2, self.timeout
         )
-        self.peer_inc = inc
 
     def reconnect(self) -> None:
         self.group = None
@@ -310,9 +310,23 @@ class Server:
     def _serve(self, worker: int) -> None:
         link = Link(self.store, self.index, worker, is_server=True, timeout=self.timeout)
         try:
-            link.connect()
-            while not self._session(link, worker):
-                link.reconnect()  # the worker died: wait for its next incarnation
+            newer = -1
+            while True:
+                try:
+                    link.connect(newer_than=newer)
+                except PeerGone:
+                    raise
+                except (RuntimeError, dist.DistError) as exc:
+                    # the worker died (or gave up) before pairing: its restart pairs with its next
+                    # incarnation; a worker that is alive times out on its side and restarts too
+                    self.run_dir.log_event(
+                        "async_link_lost", server=self.index, worker=worker, error=str(exc)[:200]
+                    )
+                    newer = link.peer_inc
+                    continue
+                if self._session(link, worker):
+                    return
+                newer = link.peer_inc  # the worker died: wait for its next incarnation
         except Exception as exc:  # a worker that never came back, or a fault of this server's
             self.errors.append(f"server {self.index}, worker {worker}: {type(exc).__name__}: {exc}")
             self.run_dir.log_event(
