@@ -1,0 +1,90 @@
+"""The ``parallel`` section: the device mesh (dp × fsdp × tp × pp), pipeline schedule, FSDP options."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from vatra.config._sections import Section
+
+Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
+TPStyle = Literal["colwise", "rowwise", "sequence"]
+
+# Schedules that hold more than one stage per rank (looped / V-shaped): parallel.virtual_stages each.
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "zero_bubble")
+
+
+class ParallelConfig(Section):
+    """How one model is split over the ranks: a mesh of ``dp × fsdp × tp × pp`` ranks (their product is
+    the world size). All 1 (the default) is plain data parallelism with DDP over every rank.
+
+    The mesh's axes, outermost first: ``pp`` (pipeline stages), ``dp_replicate`` (``dp``: replicas),
+    ``dp_shard`` (``fsdp``: parameters, gradients and optimizer state sharded), ``tp`` (tensor
+    parallel: innermost, so a tensor-parallel group's ranks are neighbours, on one host).
+    """
+
+    dp: int = Field(1, ge=1, description="Data-parallel replicas (the mesh's dp_replicate axis).")
+    fsdp: int = Field(
+        1, ge=1, description="FSDP2 shards (dp_shard axis): every block and the root are fully_shard-ed."
+    )
+    tp: int = Field(
+        1,
+        ge=1,
+        description="Tensor-parallel ranks; gpt: heads and MLP split column/row-wise (must divide n_head).",
+    )
+    pp: int = Field(1, ge=1, description="Pipeline stages (at most model.n_layer for gpt).")
+    schedule: Schedule = Field(
+        "1f1b",
+        description="Pipeline schedule: gpipe, 1f1b, interleaved_1f1b (virtual_stages per rank, looped), "
+        "zero_bubble (two stages per rank in a V, backward split into input and weight parts).",
+    )
+    microbatches: int | None = Field(
+        None,
+        ge=1,
+        description="Micro-batches per pipeline step (each train.batch_size / microbatches samples); "
+        "unset = 2 × pp. At least pp, or stages sit idle.",
+    )
+    virtual_stages: int = Field(
+        2, ge=2, description="interleaved_1f1b: model chunks per rank (zero_bubble always uses 2)."
+    )
+    fsdp_mixed_precision: Literal["off", "bf16", "fp16"] = Field(
+        "off",
+        description="FSDP2 MixedPrecisionPolicy: parameters all-gathered and computed in this dtype, "
+        "gradients reduced in fp32; off = fp32 throughout.",
+    )
+    fsdp_cpu_offload: bool = Field(
+        False,
+        description="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU.",
+    )
+    tp_plan: dict[str, TPStyle] = Field(
+        {},
+        description="A user model's tensor-parallel plan: module path (fnmatch glob, e.g. 'layers.*.fc1') "
+        "→ colwise | rowwise | sequence; {} = the built-in plan (gpt).",
+    )
+    auto: bool = Field(
+        False, description="Pick the layout with the planner (not built yet: refused at start)."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything beyond plain data parallelism is asked for (dp alone runs DDP)."""
+        return max(self.fsdp, self.tp, self.pp) > 1
+
+    @property
+    def size(self) -> int:
+        """Ranks the layout needs: dp × fsdp × tp × pp."""
+        return self.dp * self.fsdp * self.tp * self.pp
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.pp
+
+    @property
+    def stages_per_rank(self) -> int:
+        if self.schedule == "zero_bubble":
+            return 2
+        return self.virtual_stages if self.schedule == "interleaved_1f1b" else 1
+
+    def is_default(self) -> bool:
+        return self == ParallelConfig()
