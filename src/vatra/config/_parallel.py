@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from vatra.config._sections import Section
+from vatra.errors import ConfigError
 
 Schedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
 TPStyle = Literal["colwise", "rowwise", "sequence"]
@@ -86,5 +87,31 @@ class ParallelConfig(Section):
             return 2
         return self.virtual_stages if self.schedule == "interleaved_1f1b" else 1
 
+    def data_rank(self, rank: int) -> int:
+        """Global ``rank``'s index among the data-parallel ranks: the mesh is row-major over
+        ``(pp, dp, fsdp, tp)``, so tp peers are neighbours and share a data index."""
+        if not self.enabled:  # data parallelism alone (DDP): every rank reads its own share
+            return rank
+        return (rank // self.tp) % (self.dp * self.fsdp)
+
     def is_default(self) -> bool:
         return self == ParallelConfig()
+
+
+def check_world(cfg: ParallelConfig, world_size: int) -> None:
+    """The layout's product must be the world size (known only once the job has started)."""
+    if cfg.size != world_size:
+        raise ConfigError(
+            f"parallel: dp × fsdp × tp × pp = {cfg.dp} × {cfg.fsdp} × {cfg.tp} × {cfg.pp} = {cfg.size}, "
+            f"but the job has {world_size} rank(s); make the product equal the world size "
+            f"(e.g. --nproc {cfg.size}, or change one of the four)"
+        )
+
+
+def check_trainer(cfg: ParallelConfig) -> None:
+    """What the Trainer cannot run (yet), as a ``ConfigError``: pipelines."""
+    if cfg.pp > 1:
+        raise ConfigError(
+            f"parallel.pp = {cfg.pp}: the Trainer does not run pipelines yet; use "
+            "vatra.parallel.build_pipeline in your own loop (docs/parallel.md), or parallel.pp = 1"
+        )

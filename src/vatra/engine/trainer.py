@@ -9,7 +9,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from vatra.errors import ConfigError
 from vatra.losses import FunctionLoss, build_loss, build_metrics, resolve_task
 from vatra.models import build_model
 from vatra.rundir import RunDir
+
+if TYPE_CHECKING:
+    from vatra.parallel import Parallel
 
 # A skipped update (healing) steps the schedule without optimizer.step(): intended, not a mistake.
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
@@ -138,7 +141,17 @@ class Trainer:
         if any(True for _ in self.loss.parameters()):
             self.trainable = Objective(self.model, self.loss)
         self.module: nn.Module = self.trainable  # what runs forward: the DDP wrapper when distributed
-        if self.dist.distributed:
+        # parallel.fsdp/tp: the model is sharded in place over a device mesh, instead of wrapped in DDP
+        self.parallel: Parallel | None = None
+        if not cfg.parallel.is_default():
+            from vatra.config._parallel import check_world
+
+            check_world(cfg.parallel, self.dist.world_size)
+            if cfg.parallel.enabled:
+                from vatra.parallel import parallelize  # DTensor's machinery: only when asked for
+
+                self.parallel = parallelize(cfg.parallel, self.trainable, self.model, device)
+        if self.dist.distributed and self.parallel is None:
             ids = [device.index] if device.type == "cuda" else None
             self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
         self.sampler = sampler
@@ -152,13 +165,25 @@ class Trainer:
         # balance.adaptive: the trainer synchronises the gradients itself (an OOM rank redoes the step)
         self.guarded = cfg.balance.adaptive and isinstance(self.sampler, GlobalBatchSampler)
 
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank reads: its rank, or under ``parallel`` its index among
+        the data-parallel ranks (tensor-parallel and pipeline peers read the same batches)."""
+        return self.dist.rank if self.parallel is None else self.parallel.data_rank
+
+    @property
+    def data_world(self) -> int:
+        """Ranks that read different data: the world size, or ``parallel.dp × parallel.fsdp``."""
+        return self.dist.world_size if self.parallel is None else self.parallel.data_world
+
     def _train_batches(self) -> Batches:
         """This rank's batches: sampled from its shard (map-style) or read from its share (streams)."""
-        cfg, ctx = self.cfg, self.dist
+        cfg = self.cfg
+        rank, world = self.data_rank, self.data_world
         opts: dict[str, Any] = {
             "workers": cfg.data.workers,
             "prefetch_factor": cfg.data.prefetch_factor,
-            "device": ctx.device,
+            "device": self.dist.device,
         }
         data = self.train_data
         balanced = cfg.balance.method != "off"
@@ -170,15 +195,15 @@ class Trainer:
             )
         if balanced and self.sampler is None:
             try:
-                sizes = cfg.balance.sizes(ctx.world_size, cfg.train.batch_size)
+                sizes = cfg.balance.sizes(world, cfg.train.batch_size)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-            self.sampler = GlobalBatchSampler(np.arange(len(data)), sizes, ctx.rank, seed=cfg.run.seed)
+            self.sampler = GlobalBatchSampler(np.arange(len(data)), sizes, rank, seed=cfg.run.seed)
         if isinstance(data, StreamDataset):
             return StreamBatches(
                 data,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
+                rank=rank,
+                world_size=world,
                 batch_size=cfg.train.batch_size,
                 seed=cfg.run.seed,
                 **opts,
@@ -189,15 +214,14 @@ class Trainer:
             shards = partition(
                 len(data),
                 getattr(data, "labels", None),
-                ctx.world_size,
+                world,
                 cfg.data.sharding,
                 seed=cfg.run.seed,
                 alpha=cfg.data.alpha,
                 classes_per_shard=cfg.data.classes_per_shard,
             )
-            self.sampler = ShardSampler(
-                shards[ctx.rank], cfg.train.batch_size, seed=rank_seed(cfg.run.seed, ctx.rank)
-            )
+            seed = rank_seed(cfg.run.seed, rank)
+            self.sampler = ShardSampler(shards[rank], cfg.train.batch_size, seed=seed)
         return MapBatches(data, self.sampler, **opts)
 
     @classmethod
@@ -239,7 +263,9 @@ class Trainer:
             seed_everything(seed)  # identical initial weights on every rank
             heads = {name: h.size for name, h in cfg.train.multitask.heads.items()}
             model = build_model(cfg.model, spec, heads)
-        seed_everything(rank_seed(seed, ctx.rank))  # per-rank dropout and anything random after
+        # per-rank dropout and anything random after; tensor-parallel and pipeline peers draw alike
+        # (their replicated activations must stay equal)
+        seed_everything(rank_seed(seed, cfg.parallel.data_rank(ctx.rank)))
         return cls(cfg, model, train, val, spec, loss=loss, dist=ctx, plugins=plugins, run_dir=run_dir)
 
     # ------------------------------------------------------------------ loop
@@ -431,7 +457,7 @@ class Trainer:
         """Samples per micro-step over all ranks."""
         if isinstance(self.sampler, GlobalBatchSampler):
             return self.sampler.global_batch
-        return self.cfg.train.batch_size * self.dist.world_size
+        return self.cfg.train.batch_size * self.data_world
 
     @property
     def loss_weight(self) -> float:
@@ -460,6 +486,13 @@ class Trainer:
         """
         self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._params if p.grad is not None]
+        if self.parallel is not None:  # sharded gradients: their squares summed over the mesh
+            from vatra.parallel import clip_
+
+            total = self.parallel.grad_norm(grads)
+            if self.cfg.train.clip_grad_norm:
+                clip_(grads, self.cfg.train.clip_grad_norm, total)
+            return total
         if grads and all(g.device == grads[0].device and g.dtype == grads[0].dtype for g in grads):
             # one fused kernel over all gradients; get_total_norm's grouping costs ~80 us more here
             norm = torch.stack(torch._foreach_norm(grads, 2.0)).norm()
@@ -477,25 +510,35 @@ class Trainer:
             return {}
         self.module.eval()
         metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss).to(self.dist.device)
-        batches = eval_batches(
-            self.val_data,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-            batch_size=self.cfg.train.eval_batch_size,
-            workers=self.cfg.data.workers,
-            device=self.dist.device,
+        batches: Iterable[tuple[Batch, bool]] = (
+            (batch, True)
+            for batch in eval_batches(
+                self.val_data,
+                rank=self.data_rank,
+                world_size=self.data_world,
+                batch_size=self.cfg.train.eval_batch_size,
+                workers=self.cfg.data.workers,
+                device=self.dist.device,
+            )
         )
+        if self.parallel is not None and self.data_world > 1:
+            batches = self.parallel.lockstep(batches)
         with self._autocast():
-            for inputs, target in batches:
+            for (inputs, target), counted in batches:
                 # the plain module: evaluation needs no gradient sync
-                metrics.update(call_model(self.model, inputs), target)
+                output = call_model(self.model, inputs)
+                if counted:
+                    metrics.update(output, target)
         if self.dist.distributed and not self.spec.num_classes:
             # A rank with no validation batch cannot size its sums: agree on the class count first.
             known = torch.tensor([metrics.num_classes], dtype=torch.int64)
             torch.distributed.all_reduce(known, op=torch.distributed.ReduceOp.MAX)
             metrics.num_classes = int(known.item())
         totals = metrics.state()
-        self.dist.all_reduce_sum(totals)
+        if self.parallel is None:
+            self.dist.all_reduce_sum(totals)
+        else:  # over the data-parallel ranks only: their peers evaluated the same batches
+            torch.distributed.all_reduce(totals, group=self.parallel.data_group)
         self.module.train()
         values = {f"val_{k}": v for k, v in metrics.compute(totals).items()}
         self.state.last_eval = values

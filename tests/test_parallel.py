@@ -1,0 +1,318 @@
+"""vatra.parallel on gloo (CPU): every layout trains as the unsplit model does in one process.
+
+Two launches (4 ranks, then 2) each run several layouts one after the other on the same process
+group; the parent trains the reference once (one process, the whole global batch) and compares
+each layout's per-step loss, global gradient norm and parameters after the steps.
+
+Tolerances (fp32): losses and norms rtol 1e-5 / atol 1e-6 — the splits change only the order of
+fp32 sums (FSDP's reduce-scatter, TP's all-reduce of partial products, micro-batch means);
+parameters after 3 SGD-momentum steps rtol 1e-4 / atol 1e-5, as those differences compound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tests.conftest import run_vatra, small_config
+from torch.distributed.tensor import DTensor
+from torch.utils.data import TensorDataset
+
+from vatra.config import Config, config_from_dict
+from vatra.data import DatasetSpec, ShardSampler
+from vatra.engine import DistContext, Plugin, Trainer, seed_everything
+from vatra.engine.optim import build_optimizer
+from vatra.errors import ConfigError
+from vatra.losses import build_loss
+from vatra.models import build_model
+from vatra.parallel import Mesh, build_pipeline, check_trainer, clip_, split_stages, total_norm
+from vatra.resilience import CheckpointPlugin
+from vatra.rundir import RunDir
+
+VOCAB, SEQ, STEPS, BATCH = 32, 8, 3, 8  # BATCH: samples per step over all data-parallel ranks
+SPEC = DatasetSpec(kind="lm", input_shape=(SEQ,), num_classes=VOCAB)
+LOSS_TOL = {"rtol": 1e-5, "atol": 1e-6}
+PARAM_TOL = {"rtol": 1e-4, "atol": 1e-5}
+CLIP = 0.5  # below the first steps' gradient norms: clipping over sharded gradients is exercised
+
+
+def _config(parallel: dict[str, Any], **sections: dict[str, Any]) -> Config:
+    raw: dict[str, Any] = {
+        "run": {"progress": "off", "tensorboard": False},
+        "model": {"name": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 32},
+        "train": {"steps": STEPS, "batch_size": BATCH, "eval_every": 0, "clip_grad_norm": CLIP},
+        "optim": {"name": "sgd", "lr": 0.1},
+        "parallel": parallel,
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    cfg = config_from_dict(raw)
+    data_world = cfg.parallel.dp * cfg.parallel.fsdp
+    cfg.train.batch_size = BATCH // data_world  # per rank: every layout trains on the same global batch
+    return cfg
+
+
+def _data() -> TensorDataset:
+    tokens = torch.randint(0, VOCAB, (STEPS * BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])  # (N, T) inputs, next tokens as targets
+
+
+def _indices(data_rank: int, data_world: int) -> np.ndarray:
+    """Data rank d's slice of every global batch: batch i = samples [i·BATCH, (i+1)·BATCH)."""
+    glob = np.arange(STEPS * BATCH).reshape(STEPS, data_world, BATCH // data_world)
+    return glob[:, data_rank, :].reshape(-1)
+
+
+def _gpt(cfg: Config) -> torch.nn.Module:
+    seed_everything(0)  # the same initial weights on every rank and in the reference
+    return build_model(cfg.model, SPEC)
+
+
+def _trainer(cfg: Config, ctx: DistContext | None, plugins: list[Plugin] | None = None, **kw: Any) -> Trainer:
+    par = cfg.parallel
+    rank = ctx.rank if ctx is not None else 0
+    data_world = par.dp * par.fsdp
+    sampler = ShardSampler(
+        _indices(par.data_rank(rank), data_world), cfg.train.batch_size, seed=0, shuffle=False
+    )
+    return Trainer(cfg, _gpt(cfg), _data(), None, SPEC, sampler, dist=ctx, plugins=plugins or [], **kw)
+
+
+def _full(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective for sharded modules: every parameter whole, by name."""
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+        for k, v in module.state_dict().items()
+    }
+
+
+def _gather(obj: Any) -> list[Any]:
+    box: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(box, obj)
+    return box
+
+
+# ------------------------------------------------------------------ worker cases
+def _train_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer under a layout: its metrics and whole parameters after STEPS steps."""
+    trainer = _trainer(_config(parallel), ctx)
+    steps = [trainer.train_step() for _ in range(STEPS)]
+    state = _full(trainer.model)
+    losses = _gather([m["loss"] for m in steps])  # each rank's own mean loss
+    return {
+        "losses": np.mean(losses, axis=0).tolist(),
+        "norms": [m["grad_norm"] for m in steps],
+        "state": state,
+    }
+
+
+def _pipeline_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
+    """A pipelined gpt through vatra.parallel's API, the loop a user writes."""
+    cfg = _config(parallel)
+    par = cfg.parallel
+    mesh = Mesh.build(par, ctx.device)
+    x, y = _data()[_indices(mesh.data_rank, mesh.data_world)]
+    loss_fn = build_loss(cfg.train, SPEC)
+    example = x[: cfg.train.batch_size // par.n_microbatches]
+    pipe = build_pipeline(_gpt(cfg), mesh, par, loss_fn, example)
+    params = list(pipe.parameters())
+    optimizer = build_optimizer(params, cfg.optim)
+    losses, norms = [], []
+    for step in range(STEPS):
+        rows = slice(step * cfg.train.batch_size, (step + 1) * cfg.train.batch_size)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(pipe.step(x[rows], y[rows])))
+        counted = [p.grad for p in pipe.norm_parameters() if p.grad is not None]
+        norm = float(total_norm(counted, mesh["pp"].get_group()))
+        clip_([p.grad for p in params if p.grad is not None], CLIP, norm)
+        optimizer.step()
+        norms.append(norm)
+    state: dict[str, torch.Tensor] = {}
+    for stage in pipe.stages:
+        state.update(_full(stage))
+    merged: dict[str, torch.Tensor] = {}
+    for part in _gather(state):
+        merged.update(part)
+    return {"losses": np.mean(_gather(losses), axis=0).tolist(), "norms": norms, "state": merged}
+
+
+class _Loaded(Plugin):
+    """Records the whole parameters right after the checkpoint plugin resumed (it runs first)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        state = _full(trainer.model)
+        if trainer.dist.is_main:
+            torch.save({"step": trainer.state.step, "state": state}, self.out)
+
+
+def _checkpoint_case(ctx: DistContext, parallel: dict[str, Any], run: Path, steps: int, out: Path) -> None:
+    """Train to ``steps`` under the layout with checkpoints in ``run`` (a saved run resumes)."""
+    cfg = _config(parallel, train={"steps": steps}, checkpoint={"every_steps": 0})
+    rd = RunDir(run)
+    if ctx.is_main:
+        rd.create()
+    ctx.barrier()
+    _trainer(cfg, ctx, [CheckpointPlugin(cfg, rd), _Loaded(out)], run_dir=rd).fit()
+
+
+CASES_4 = {
+    "fsdp4": {"fsdp": 4},
+    "fsdp2_tp2": {"fsdp": 2, "tp": 2},
+    "dp2_tp2": {"dp": 2, "tp": 2},
+    "pp4_gpipe": {"pp": 4, "schedule": "gpipe"},
+    "pp4_1f1b": {"pp": 4, "schedule": "1f1b"},
+    "dp2_pp2_1f1b": {"dp": 2, "pp": 2, "schedule": "1f1b"},
+}
+CASES_2 = {
+    "tp2": {"tp": 2},
+    "fsdp2_bf16_offload": {"fsdp": 2, "fsdp_mixed_precision": "bf16", "fsdp_cpu_offload": True},
+    "pp2_gpipe": {"pp": 2, "schedule": "gpipe"},
+    "pp2_1f1b": {"pp": 2, "schedule": "1f1b"},
+    "pp2_interleaved": {"pp": 2, "schedule": "interleaved_1f1b"},
+    "pp2_zero_bubble": {"pp": 2, "schedule": "zero_bubble"},
+}
+
+
+def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = DistContext.init(small_config().dist, rank=rank, world_size=world, init_method=f"file://{rdzv}")
+    folder, run = Path(out), Path(out) / "run"
+    try:
+        cases = CASES_4 if world == 4 else CASES_2
+        for name, parallel in cases.items():
+            case = _pipeline_case if "pp" in parallel else _train_case
+            result = case(ctx, parallel)
+            if rank == 0:
+                torch.save(result, folder / f"{name}.pt")
+        # a checkpoint of fsdp = 4 after 2 steps, resumed on fsdp = 2 (DCP reshards on load)
+        steps = 2 if world == 4 else STEPS
+        _checkpoint_case(ctx, {"fsdp": world}, run, steps, folder / f"loaded{world}.pt")
+    finally:
+        ctx.destroy()
+
+
+def _launch(world: int, folder: Path) -> None:
+    mp.start_processes(_worker, args=(world, str(folder / f"rdzv{world}"), str(folder)), nprocs=world)
+
+
+def _reference() -> list[dict[str, Any]]:
+    """The unsplit model in one process: metrics and parameters after each step."""
+    trainer = _trainer(_config({}), None)
+    out = []
+    for _ in range(STEPS):
+        metrics = trainer.train_step()
+        out.append({"loss": metrics["loss"], "norm": metrics["grad_norm"], "state": _full(trainer.model)})
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    folder = tmp_path_factory.mktemp("parallel")
+    _launch(4, folder)
+    _launch(2, folder)
+    return folder, _reference()
+
+
+def _same_training(got: dict[str, Any], ref: list[dict[str, Any]], param_tol: dict[str, float]) -> None:
+    torch.testing.assert_close(got["losses"], [r["loss"] for r in ref], **LOSS_TOL)
+    torch.testing.assert_close(got["norms"], [r["norm"] for r in ref], **LOSS_TOL)
+    want = ref[-1]["state"]
+    assert set(got["state"]) == set(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got["state"][name], tensor, **param_tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("name", [n for n in [*CASES_4, *CASES_2] if "bf16" not in n])
+def test_layout_trains_as_the_unsplit_model(launched: tuple[Path, list[dict[str, Any]]], name: str) -> None:
+    folder, ref = launched
+    _same_training(torch.load(folder / f"{name}.pt"), ref, PARAM_TOL)
+
+
+def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: tuple[Path, list[dict[str, Any]]]) -> None:
+    folder, ref = launched
+    got = torch.load(folder / "fsdp2_bf16_offload.pt")
+    # bf16 parameters in forward and backward (8 bits of mantissa), fp32 master weights and reduction
+    torch.testing.assert_close(got["losses"], [r["loss"] for r in ref], rtol=2e-2, atol=0.0)
+    for name, tensor in ref[-1]["state"].items():
+        torch.testing.assert_close(got["state"][name], tensor, rtol=0.0, atol=2e-3, msg=name)
+
+
+def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: tuple[Path, list[dict[str, Any]]]) -> None:
+    folder, ref = launched
+    saved, loaded = torch.load(folder / "loaded4.pt"), torch.load(folder / "loaded2.pt")
+    assert saved["step"] == 0 and loaded["step"] == 2
+    for name, tensor in ref[1]["state"].items():  # the parameters after step 2, resharded 4 → 2
+        torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
+
+
+# ------------------------------------------------------------------ single process
+def test_split_balances_measured_costs() -> None:
+    assert split_stages([1.0] * 4, 2) == [range(0, 2), range(2, 4)]
+    assert split_stages([4.0, 1.0, 1.0, 1.0, 1.0], 2) == [range(0, 1), range(1, 5)]
+    assert split_stages([1.0] * 4, 2, last_extra=2.0) == [range(0, 3), range(3, 4)]
+    assert split_stages([1.0, 2.0, 3.0], 3) == [range(0, 1), range(1, 2), range(2, 3)]
+    with pytest.raises(ValueError, match="cannot split 2 blocks into 3"):
+        split_stages([1.0, 1.0], 3)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "model", "expected"),
+    [
+        ({"tp": 3}, {}, "parallel.tp = 3 does not divide model.n_head = 4"),
+        ({"pp": 8, "microbatches": 8}, {}, "parallel.pp = 8 with 1 stage(s) per rank needs 8 blocks, but"),
+        (
+            {"pp": 2, "schedule": "interleaved_1f1b", "virtual_stages": 4},
+            {},
+            "parallel.pp = 2 with 4 stage(s) per rank needs 8 blocks",
+        ),
+        ({"pp": 4, "microbatches": 2}, {}, "parallel.microbatches = 2 is fewer than parallel.pp = 4"),
+        ({"pp": 2, "microbatches": 3}, {}, "parallel.microbatches = 3 does not divide train.batch_size = 8"),
+        ({"auto": True}, {}, "parallel.auto: the layout planner is not built yet"),
+        ({"schedule": "dualpipe"}, {}, "parallel.schedule: Input should be"),
+    ],
+)
+def test_impossible_layouts_are_one_line_errors(
+    parallel: dict[str, Any], model: dict[str, Any], expected: str
+) -> None:
+    raw = {"model": {"name": "gpt", "n_layer": 4, "n_head": 4, **model}, "parallel": parallel}
+    raw["train"] = {"batch_size": BATCH}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_trainer_refuses_pipelines_and_names_the_api() -> None:
+    expected = r"the Trainer does not run pipelines yet; use vatra\.parallel\.build_pipeline"
+    with pytest.raises(ConfigError, match=expected):
+        check_trainer(_config({"pp": 2}).parallel)
+
+
+def test_trainer_refuses_a_layout_that_does_not_fill_the_world() -> None:
+    with pytest.raises(ConfigError, match=r"dp × fsdp × tp × pp = 1 × 2 × 1 × 1 = 2, but the job has 1 rank"):
+        _trainer(_config({"fsdp": 2}), None)
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["parallel.fsdp=4"], "error: parallel: dp × fsdp × tp × pp = 1 × 4 × 1 × 1 = 4, but the job has 2"),
+        (["parallel.tp=3"], "error: parallel.tp = 3 does not divide model.n_head = 4"),
+        (["parallel.fsdp=2", "comm.method=topk"], "error: parallel: fsdp, tp and pp reduce gradients"),
+    ],
+)
+def test_cli_layout_errors_exit_2_with_one_line(sets: list[str], expected: str, tmp_path: Path) -> None:
+    args = [a for s in sets for a in ("--set", s)]
+    proc = run_vatra(
+        "train", "examples/gpt_text.toml", "--nproc", "2", *args, "--set", f"run.out_dir={tmp_path}"
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
