@@ -38,6 +38,7 @@ VOCAB, SEQ, STEPS, BATCH = 32, 8, 3, 8  # BATCH: samples per step over all data-
 SPEC = DatasetSpec(kind="lm", input_shape=(SEQ,), num_classes=VOCAB)
 LOSS_TOL = {"rtol": 1e-5, "atol": 1e-6}
 PARAM_TOL = {"rtol": 1e-4, "atol": 1e-5}
+Launched = tuple[Path, dict[bool, list[dict[str, Any]]]]  # results folder; references (gpt, user model)
 CLIP = 0.5  # below the first steps' gradient norms: clipping over sharded gradients is exercised
 
 
@@ -85,14 +86,35 @@ def _gpt(cfg: Config) -> torch.nn.Module:
     return build_model(cfg.model, SPEC)
 
 
-def _trainer(cfg: Config, ctx: DistContext | None, plugins: list[Plugin] | None = None, **kw: Any) -> Trainer:
+USER_PLAN = {"1": "colwise", "3": "rowwise"}  # a user's model: its MLP split by parallel.tp_plan
+
+
+def _user_model(cfg: Config) -> torch.nn.Module:
+    seed_everything(0)
+    width = cfg.model.n_embd
+    return torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, width),  # (B, T) → (B, T, C)
+        torch.nn.Linear(width, 4 * width),  # colwise: (B, T, 4C / tp) on each rank
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * width, width),  # rowwise: partial sums all-reduced to (B, T, C)
+        torch.nn.Linear(width, VOCAB),
+    )
+
+
+def _trainer(
+    cfg: Config,
+    ctx: DistContext | None,
+    plugins: list[Plugin] | None = None,
+    user: bool = False,
+    **kw: Any,
+) -> Trainer:
     par = cfg.parallel
     rank = ctx.rank if ctx is not None else 0
-    data_world = par.dp * par.fsdp
     sampler = ShardSampler(
-        _indices(par.data_rank(rank), data_world), cfg.train.batch_size, seed=0, shuffle=False
+        _indices(par.data_rank(rank), par.dp * par.fsdp), cfg.train.batch_size, seed=0, shuffle=False
     )
-    return Trainer(cfg, _gpt(cfg), _data(), _val(), SPEC, sampler, dist=ctx, plugins=plugins or [], **kw)
+    model = _user_model(cfg) if user else _gpt(cfg)
+    return Trainer(cfg, model, _data(), _val(), SPEC, sampler, dist=ctx, plugins=plugins or [], **kw)
 
 
 def _full(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -112,7 +134,7 @@ def _gather(obj: Any) -> list[Any]:
 # ------------------------------------------------------------------ worker cases
 def _train_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
     """The Trainer under a layout: its metrics and whole parameters after STEPS steps."""
-    trainer = _trainer(_config(parallel), ctx)
+    trainer = _trainer(_config(parallel), ctx, user="tp_plan" in parallel)
     steps = [trainer.train_step() for _ in range(STEPS)]
     state = _full(trainer.model)
     losses = _gather([m["loss"] for m in steps])  # each rank's own mean loss
@@ -165,6 +187,11 @@ class _Loaded(Plugin):
         if trainer.dist.is_main:
             torch.save({"step": trainer.state.step, "state": state}, self.out)
 
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        state = _full(trainer.model)
+        if trainer.dist.is_main:
+            torch.save({"step": trainer.state.step, "state": state}, self.out.with_suffix(".end.pt"))
+
 
 def _checkpoint_case(ctx: DistContext, parallel: dict[str, Any], run: Path, steps: int, out: Path) -> None:
     """Train to ``steps`` under the layout with checkpoints in ``run`` (a saved run resumes)."""
@@ -183,9 +210,12 @@ CASES_4 = {
     "pp4_gpipe": {"pp": 4, "schedule": "gpipe"},
     "pp4_1f1b": {"pp": 4, "schedule": "1f1b"},
     "dp2_pp2_1f1b": {"dp": 2, "pp": 2, "schedule": "1f1b"},
+    "fsdp2_pp2_gpipe": {"fsdp": 2, "pp": 2, "schedule": "gpipe"},
+    "tp2_pp2_1f1b": {"tp": 2, "pp": 2, "schedule": "1f1b"},
 }
 CASES_2 = {
     "tp2": {"tp": 2},
+    "tp2_user_plan": {"tp": 2, "tp_plan": USER_PLAN},
     "fsdp2_bf16_offload": {"fsdp": 2, "fsdp_mixed_precision": "bf16", "fsdp_cpu_offload": True},
     "pp2_gpipe": {"pp": 2, "schedule": "gpipe"},
     "pp2_1f1b": {"pp": 2, "schedule": "1f1b"},
@@ -208,6 +238,9 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
         # a checkpoint of fsdp = 4 after 2 steps, resumed on fsdp = 2 (DCP reshards on load)
         steps = 2 if world == 4 else STEPS
         _checkpoint_case(ctx, {"fsdp": world}, run, steps, folder / f"loaded{world}.pt")
+        if world == 4:  # fsdp × tp: saved after 2 steps, resumed on the same layout, one more step
+            for steps in (2, STEPS):
+                _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt")
     finally:
         ctx.destroy()
 
@@ -216,9 +249,9 @@ def _launch(world: int, folder: Path) -> None:
     mp.start_processes(_worker, args=(world, str(folder / f"rdzv{world}"), str(folder)), nprocs=world)
 
 
-def _reference() -> list[dict[str, Any]]:
+def _reference(user: bool = False) -> list[dict[str, Any]]:
     """The unsplit model in one process: metrics and parameters after each step."""
-    trainer = _trainer(_config({}), None)
+    trainer = _trainer(_config({}), None, user=user)
     out = []
     for _ in range(STEPS):
         metrics = trainer.train_step()
@@ -228,11 +261,11 @@ def _reference() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
     folder = tmp_path_factory.mktemp("parallel")
     _launch(4, folder)
     _launch(2, folder)
-    return folder, _reference()
+    return folder, {False: _reference(), True: _reference(user=True)}
 
 
 def _same_training(got: dict[str, Any], ref: list[dict[str, Any]], param_tol: dict[str, float]) -> None:
@@ -245,8 +278,9 @@ def _same_training(got: dict[str, Any], ref: list[dict[str, Any]], param_tol: di
 
 
 @pytest.mark.parametrize("name", [n for n in [*CASES_4, *CASES_2] if "bf16" not in n])
-def test_layout_trains_as_the_unsplit_model(launched: tuple[Path, list[dict[str, Any]]], name: str) -> None:
-    folder, ref = launched
+def test_layout_trains_as_the_unsplit_model(launched: Launched, name: str) -> None:
+    folder, refs = launched
+    ref = refs["user" in name]
     got = torch.load(folder / f"{name}.pt")
     _same_training(got, ref, PARAM_TOL)
     if "eval" in got:  # the Trainer's evaluation: each data-parallel share once, summed over them
@@ -254,8 +288,8 @@ def test_layout_trains_as_the_unsplit_model(launched: tuple[Path, list[dict[str,
         torch.testing.assert_close(got["eval"], ref[-1]["eval"], **PARAM_TOL)
 
 
-def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: tuple[Path, list[dict[str, Any]]]) -> None:
-    folder, ref = launched
+def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: Launched) -> None:
+    folder, ref = launched[0], launched[1][False]
     got = torch.load(folder / "fsdp2_bf16_offload.pt")
     # bf16 parameters in forward and backward (8 bits of mantissa), fp32 master weights and reduction
     torch.testing.assert_close(got["losses"], [r["loss"] for r in ref], rtol=2e-2, atol=0.0)
@@ -263,12 +297,24 @@ def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: tuple[Path, li
         torch.testing.assert_close(got["state"][name], tensor, rtol=0.0, atol=2e-3, msg=name)
 
 
-def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: tuple[Path, list[dict[str, Any]]]) -> None:
-    folder, ref = launched
+def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: Launched) -> None:
+    folder, ref = launched[0], launched[1][False]
     saved, loaded = torch.load(folder / "loaded4.pt"), torch.load(folder / "loaded2.pt")
     assert saved["step"] == 0 and loaded["step"] == 2
     for name, tensor in ref[1]["state"].items():  # the parameters after step 2, resharded 4 → 2
         torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
+
+
+def test_fsdp_tp_checkpoint_round_trip_resumes_exactly(
+    launched: Launched,
+) -> None:
+    folder, ref = launched[0], launched[1][False]
+    loaded, end = torch.load(folder / "tp.pt"), torch.load(folder / "tp.end.pt")
+    assert loaded["step"] == 2 and end["step"] == STEPS
+    for name, tensor in ref[1]["state"].items():
+        torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
+    for name, tensor in ref[-1]["state"].items():  # same layout: the same data order continues
+        torch.testing.assert_close(end["state"][name], tensor, **PARAM_TOL, msg=name)
 
 
 # ------------------------------------------------------------------ single process
