@@ -31,6 +31,7 @@ from vatra.errors import ConfigError
 from vatra.losses import build_loss
 from vatra.models import build_model
 from vatra.parallel import Mesh, build_pipeline, check_trainer, clip_, split_stages, total_norm
+from vatra.parallel.plan import Costs, layouts, plan
 from vatra.resilience import CheckpointPlugin
 from vatra.rundir import RunDir
 
@@ -380,3 +381,59 @@ def test_cli_layout_errors_exit_2_with_one_line(sets: list[str], expected: str, 
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
+
+
+# ------------------------------------------------------------------ the planner
+def _costs(layers: int = 4) -> Costs:
+    """Synthetic measurements: equal blocks of 10 ms on 8 samples, a 4 ms head."""
+    return Costs(
+        block_s=[0.01] * layers,
+        head_s=0.004,
+        batch=8,
+        block_params=12 * 32 * 32,
+        embedding_params=(VOCAB + SEQ) * 32,
+        head_params=VOCAB * 32,
+        seq=SEQ,
+        width=32,
+        heads=4,
+        vocab=VOCAB,
+    )
+
+
+def test_planner_lists_every_layout_and_the_bubble_formula() -> None:
+    cfg = _config({"schedule": "gpipe"})
+    ranked = plan(_costs(), cfg, 4, bandwidth=1e9)
+    assert sorted((e.dp, e.fsdp, e.tp, e.pp) for e in ranked) == sorted(layouts(4))
+    assert len(ranked) == 10  # the ordered factorisations of 4 = 2² into four factors
+    pp4 = next(e for e in ranked if e.pp == 4)
+    assert pp4.microbatches == 8 and pp4.bubble == pytest.approx(3 / (8 + 4 - 1))
+    steps = [e.step_s for e in ranked if e.feasible]
+    assert steps == sorted(steps)
+
+
+def test_planner_marks_a_layout_that_does_not_fit_in_memory_infeasible() -> None:
+    # Prepare: the memory of each layout without a limit
+    cfg = _config({})
+    free = {(e.dp, e.fsdp, e.tp, e.pp): e for e in plan(_costs(), cfg, 4, bandwidth=1e9)}
+    replicated, sharded = free[(4, 1, 1, 1)], free[(1, 4, 1, 1)]
+    assert sharded.memory_gb < replicated.memory_gb  # fsdp divides parameters, gradients, optimizer state
+    # Execute: a limit between the two
+    limit = (sharded.memory_gb + replicated.memory_gb) / 2
+    ranked = plan(_costs(), cfg, 4, bandwidth=1e9, memory_gb=limit)
+    # Assert: dp = 4 is infeasible, named so, and ranked after every feasible layout
+    by_layout = {(e.dp, e.fsdp, e.tp, e.pp): e for e in ranked}
+    assert not by_layout[(4, 1, 1, 1)].feasible and by_layout[(1, 4, 1, 1)].feasible
+    assert by_layout[(4, 1, 1, 1)].why.startswith("needs ") and "GB >" in by_layout[(4, 1, 1, 1)].why
+    feasible = [e.feasible for e in ranked]
+    assert feasible == sorted(feasible, reverse=True)
+    assert "tp 8" not in " ".join(e.why for e in ranked)  # only divisors of the world are tried
+
+
+def test_plan_command_prints_ranked_layouts(tmp_path: Path) -> None:
+    proc = run_vatra(
+        "plan", "examples/gpt_text.toml", "--world", "4", "--memory-gb", "0.01", "--set", "train.batch_size=4"
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("vatra: 2 blocks") and len(lines) == 2 + 10
+    assert "no: 4 stages > 2 blocks" in proc.stdout and "no: needs" in proc.stdout
