@@ -11,6 +11,8 @@ parameters after 3 SGD-momentum steps rtol 1e-4 / atol 1e-5, as those difference
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from tests.conftest import run_vatra, small_config
 from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
-from vatra.config import Config, config_from_dict
+from vatra.config import Config, config_from_dict, load_config
 from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import DistContext, Plugin, Trainer, seed_everything
 from vatra.engine.optim import build_optimizer
@@ -31,7 +33,7 @@ from vatra.errors import ConfigError
 from vatra.losses import build_loss
 from vatra.models import build_model
 from vatra.parallel import Mesh, build_pipeline, check_trainer, clip_, split_stages, total_norm
-from vatra.parallel.plan import Costs, layouts, plan
+from vatra.parallel.plan import Costs, choose, layouts, plan
 from vatra.resilience import CheckpointPlugin
 from vatra.rundir import RunDir
 
@@ -340,7 +342,7 @@ def test_split_balances_measured_costs() -> None:
         ),
         ({"pp": 4, "microbatches": 2}, {}, "parallel.microbatches = 2 is fewer than parallel.pp = 4"),
         ({"pp": 2, "microbatches": 3}, {}, "parallel.microbatches = 3 does not divide train.batch_size = 8"),
-        ({"auto": True}, {}, "parallel.auto: the layout planner is not built yet"),
+        ({"auto": True}, {"name": "mlp"}, "parallel.auto: the planner measures the gpt model's blocks"),
         ({"schedule": "dualpipe"}, {}, "parallel.schedule: Input should be"),
     ],
 )
@@ -437,3 +439,26 @@ def test_plan_command_prints_ranked_layouts(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("vatra: 2 blocks") and len(lines) == 2 + 10
     assert "no: 4 stages > 2 blocks" in proc.stdout and "no: needs" in proc.stdout
+
+
+def test_auto_names_why_no_layout_fits() -> None:
+    cfg = _config({"auto": True, "auto_memory_gb": 1e-6})
+    with pytest.raises(ConfigError, match=r"no layout of 2 ranks without pipelining fits: dp .* needs"):
+        choose(cfg, 2)
+
+
+def test_auto_trains_on_the_chosen_layout_and_pins_it(tmp_path: Path) -> None:
+    # Prepare: a tiny run of the gpt example on 2 ranks, the layout left to the planner
+    sets = ["parallel.auto=true", "train.steps=2", "train.eval_every=0", "data.max_chars=20000"]
+    sets += ["checkpoint.enabled=false", f"run.out_dir={tmp_path}"]
+    # Execute
+    args = [a for s in sets for a in ("--set", s)]
+    proc = run_vatra("train", "examples/gpt_text.toml", "--nproc", "2", *args)
+    # Assert: it trained, and the run folder's config says which layout (a resume keeps it)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "parallel.auto chose dp" in proc.stdout
+    (run,) = tmp_path.iterdir()
+    pinned = load_config(run / "config.toml").parallel
+    assert not pinned.auto and pinned.size == 2 and pinned.pp == 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])

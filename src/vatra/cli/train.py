@@ -193,7 +193,7 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
             from vatra.balance.ppo import load_agent
 
             load_agent(cfg.balance.policy, world)
-        if not cfg.parallel.is_default():
+        if not cfg.parallel.is_default() and not cfg.parallel.auto:
             from vatra.config._parallel import (  # not vatra.parallel: no DTensor yet
                 check_trainer,
                 check_world,

@@ -120,10 +120,10 @@ class Config(Section):
         par = self.parallel
         if par.is_default():
             return self
-        if par.auto:
+        if par.auto and self.model.name != "gpt":  # auto replaces dp, fsdp, tp and pp at start
             raise ValueError(
-                "parallel.auto: the layout planner is not built yet; set parallel.dp, fsdp, tp and pp "
-                "yourself (their product is the world size)"
+                f"parallel.auto: the planner measures the gpt model's blocks, not "
+                f"{self.model.name!r}; set parallel.dp, fsdp and tp yourself"
             )
         if par.pp > 1 and par.n_microbatches < par.pp:
             raise ValueError(
@@ -151,7 +151,7 @@ class Config(Section):
                     f"{chunks} blocks, but model.n_layer = {layers}; lower parallel.pp or use a "
                     "schedule with one stage per rank (gpipe, 1f1b)"
                 )
-        if not par.enabled:
+        if not par.enabled and not par.auto:
             return self
         if self.comm.method != "none" or self.comm.topology in ("ring", "hierarchical"):
             raise ValueError(

@@ -64,7 +64,16 @@ class ParallelConfig(Section):
         "→ colwise | rowwise | sequence; {} = the built-in plan (gpt).",
     )
     auto: bool = Field(
-        False, description="Pick the layout with the planner (not built yet: refused at start)."
+        False,
+        description="Pick dp, fsdp and tp at start with the planner (rank 0 measures the blocks; the "
+        "fastest feasible layout without pp), replacing what dp, fsdp, tp and pp say; the choice is "
+        "written to the run's config.toml and a resume keeps it.",
+    )
+    auto_memory_gb: float | None = Field(
+        None, gt=0.0, description="auto: memory per rank the chosen layout must fit; unset = no limit."
+    )
+    auto_bandwidth_gbs: float = Field(
+        1.0, gt=0.0, description="auto: link bandwidth between ranks the estimate assumes, GB/s."
     )
 
     @property
@@ -100,6 +109,11 @@ class ParallelConfig(Section):
 
 def check_world(cfg: ParallelConfig, world_size: int) -> None:
     """The layout's product must be the world size (known only once the job has started)."""
+    if cfg.auto:
+        raise ConfigError(
+            "parallel.auto: the layout is chosen when vatra.fit or vatra train starts the run; a "
+            "Trainer built directly needs parallel.dp, fsdp, tp and pp set (see vatra plan)"
+        )
     if cfg.size != world_size:
         raise ConfigError(
             f"parallel: dp × fsdp × tp × pp = {cfg.dp} × {cfg.fsdp} × {cfg.tp} × {cfg.pp} = {cfg.size}, "

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vatra.config import Config
+from vatra.config import Config, ParallelConfig
 from vatra.data import DatasetSpec
 from vatra.errors import ConfigError
 from vatra.models import GPT, build_model
@@ -200,3 +200,21 @@ def plan(
         for layout in layouts(world)
     ]
     return sorted(found, key=lambda e: (not e.feasible, e.step_s if e.feasible else 0.0, e.why))
+
+
+def choose(cfg: Config, world: int) -> ParallelConfig:
+    """``parallel.auto``: the fastest feasible layout the Trainer runs (no pipeline), measured here;
+    a ``ConfigError`` when none fits ``parallel.auto_memory_gb``."""
+    par = cfg.parallel
+    ranked = plan(
+        measure(cfg), cfg, world, bandwidth=par.auto_bandwidth_gbs * 1e9, memory_gb=par.auto_memory_gb
+    )
+    runnable = [e for e in ranked if e.pp == 1]
+    best = next((e for e in runnable if e.feasible), None)
+    if best is None:
+        raise ConfigError(
+            f"parallel.auto: no layout of {world} ranks without pipelining fits: "
+            f"{'; '.join(f'dp {e.dp} fsdp {e.fsdp} tp {e.tp}: {e.why}' for e in runnable[:3])}; raise "
+            "parallel.auto_memory_gb, lower train.batch_size, or add ranks"
+        )
+    return par.model_copy(update={"dp": best.dp, "fsdp": best.fsdp, "tp": best.tp, "pp": 1, "auto": False})
