@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tests.conftest import run_vatra, small_config
+from tests.conftest import ROOT, small_config, vatra_in_process
 from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
+import vatra
 from vatra.config import Config, config_from_dict, load_config
 from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import DistContext, Plugin, Trainer, seed_everything
@@ -227,6 +229,18 @@ CASES_2 = {
 }
 
 
+def _auto_case(ctx: DistContext, run: Path) -> None:
+    """``vatra.fit`` with ``parallel.auto`` on this job's process group (RANK and WORLD_SIZE say so)."""
+    os.environ.update(RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world_size))
+    sections: dict[str, dict[str, Any]] = {
+        "train": {"task": "lm", "steps": 2},
+        "checkpoint": {"enabled": False},
+        "monitor": {"enabled": False},
+    }
+    cfg = _config({"auto": True}, **sections)
+    vatra.fit(cfg, model=_gpt(cfg), train=_data(), val=None, run_dir=run)
+
+
 def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
     torch.set_num_threads(1)
     ctx = DistContext.init(small_config().dist, rank=rank, world_size=world, init_method=f"file://{rdzv}")
@@ -244,6 +258,8 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
         if world == 4:  # fsdp × tp: saved after 2 steps, resumed on the same layout, one more step
             for steps in (2, STEPS):
                 _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt")
+        else:
+            _auto_case(ctx, folder / "auto")
     finally:
         ctx.destroy()
 
@@ -375,14 +391,16 @@ def test_trainer_refuses_a_layout_that_does_not_fill_the_world() -> None:
         (["parallel.fsdp=2", "comm.method=topk"], "error: parallel: fsdp, tp and pp reduce gradients"),
     ],
 )
-def test_cli_layout_errors_exit_2_with_one_line(sets: list[str], expected: str, tmp_path: Path) -> None:
-    args = [a for s in sets for a in ("--set", s)]
-    proc = run_vatra(
-        "train", "examples/gpt_text.toml", "--nproc", "2", *args, "--set", f"run.out_dir={tmp_path}"
-    )
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
+def test_cli_layout_errors_exit_2_with_one_line(
+    sets: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [a for s in [*sets, f"run.out_dir={tmp_path}"] for a in ("--set", s)]
+    config = str(ROOT / "examples/gpt_text.toml")
+    code, _, err = vatra_in_process(capsys, "train", config, "--nproc", "2", *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), err
+    assert not list(tmp_path.iterdir())  # refused before any worker started
 
 
 # ------------------------------------------------------------------ the planner
@@ -431,14 +449,13 @@ def test_planner_marks_a_layout_that_does_not_fit_in_memory_infeasible() -> None
     assert "tp 8" not in " ".join(e.why for e in ranked)  # only divisors of the world are tried
 
 
-def test_plan_command_prints_ranked_layouts(tmp_path: Path) -> None:
-    proc = run_vatra(
-        "plan", "examples/gpt_text.toml", "--world", "4", "--memory-gb", "0.01", "--set", "train.batch_size=4"
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+def test_plan_command_prints_ranked_layouts(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--world", "4", "--memory-gb", "0.01", "--set", "train.batch_size=4"]
+    code, out, err = vatra_in_process(capsys, "plan", str(ROOT / "examples/gpt_text.toml"), *args)
+    assert code == 0, err
+    lines = out.splitlines()
     assert lines[0].startswith("vatra: 2 blocks") and len(lines) == 2 + 10
-    assert "no: 4 stages > 2 blocks" in proc.stdout and "no: needs" in proc.stdout
+    assert "no: 4 stages > 2 blocks" in out and "no: needs" in out
 
 
 def test_auto_names_why_no_layout_fits() -> None:
@@ -447,17 +464,8 @@ def test_auto_names_why_no_layout_fits() -> None:
         choose(cfg, 2)
 
 
-def test_auto_trains_on_the_chosen_layout_and_pins_it(tmp_path: Path) -> None:
-    # Prepare: a tiny run of the gpt example on 2 ranks, the layout left to the planner
-    sets = ["parallel.auto=true", "train.steps=2", "train.eval_every=0", "data.max_chars=20000"]
-    sets += ["checkpoint.enabled=false", f"run.out_dir={tmp_path}"]
-    # Execute
-    args = [a for s in sets for a in ("--set", s)]
-    proc = run_vatra("train", "examples/gpt_text.toml", "--nproc", "2", *args)
-    # Assert: it trained, and the run folder's config says which layout (a resume keeps it)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "parallel.auto chose dp" in proc.stdout
-    (run,) = tmp_path.iterdir()
+def test_auto_trains_on_the_chosen_layout_and_pins_it(launched: Launched) -> None:
+    run = launched[0] / "auto"  # vatra.fit on 2 ranks with parallel.auto = true
     pinned = load_config(run / "config.toml").parallel
     assert not pinned.auto and pinned.size == 2 and pinned.pp == 1
     summary = json.loads((run / "summary.json").read_text())
