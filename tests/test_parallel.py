@@ -138,10 +138,13 @@ def _gather(obj: Any) -> list[Any]:
 
 # ------------------------------------------------------------------ worker cases
 def _train_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
-    """The Trainer under a layout: its metrics and whole parameters after STEPS steps."""
+    """The Trainer under a layout: its metrics and whole parameters after STEPS steps (pp: each
+    rank's stage, merged)."""
     trainer = _trainer(_config(parallel), ctx, user="tp_plan" in parallel)
     steps = [trainer.train_step() for _ in range(STEPS)]
-    state = _full(trainer.model)
+    state: dict[str, torch.Tensor] = {}
+    for part in _gather(_full(trainer.model)):
+        state.update(part)
     losses = _gather([m["loss"] for m in steps])  # each rank's own mean loss
     return {
         "losses": np.mean(losses, axis=0).tolist(),
@@ -217,6 +220,7 @@ CASES_4 = {
     "dp2_pp2_1f1b": {"dp": 2, "pp": 2, "schedule": "1f1b"},
     "fsdp2_pp2_gpipe": {"fsdp": 2, "pp": 2, "schedule": "gpipe"},
     "tp2_pp2_1f1b": {"tp": 2, "pp": 2, "schedule": "1f1b"},
+    "trainer_fsdp2_pp2_1f1b": {"fsdp": 2, "pp": 2, "schedule": "1f1b"},
 }
 CASES_2 = {
     "tp2": {"tp": 2},
@@ -226,6 +230,7 @@ CASES_2 = {
     "pp2_1f1b": {"pp": 2, "schedule": "1f1b"},
     "pp2_interleaved": {"pp": 2, "schedule": "interleaved_1f1b"},
     "pp2_zero_bubble": {"pp": 2, "schedule": "zero_bubble"},
+    "trainer_pp2_gpipe": {"pp": 2, "schedule": "gpipe"},
 }
 
 
@@ -248,7 +253,7 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
     try:
         cases = CASES_4 if world == 4 else CASES_2
         for name, parallel in cases.items():
-            case = _pipeline_case if "pp" in parallel else _train_case
+            case = _pipeline_case if "pp" in parallel and not name.startswith("trainer") else _train_case
             result = case(ctx, parallel)
             if rank == 0:
                 torch.save(result, folder / f"{name}.pt")
@@ -372,10 +377,11 @@ def test_impossible_layouts_are_one_line_errors(
     assert str(err.value).startswith(expected) and "\n" not in str(err.value)
 
 
-def test_trainer_refuses_pipelines_and_names_the_api() -> None:
-    expected = r"the Trainer does not run pipelines yet; use vatra\.parallel\.build_pipeline"
+def test_trainer_refuses_several_stages_per_rank_and_names_the_api() -> None:
+    expected = r"the Trainer runs one pipeline stage per rank \(gpipe, 1f1b\); use vatra\.parallel\.build_pip"
     with pytest.raises(ConfigError, match=expected):
-        check_trainer(_config({"pp": 2}).parallel)
+        check_trainer(_config({"pp": 2, "schedule": "interleaved_1f1b"}).parallel)
+    check_trainer(_config({"pp": 2, "schedule": "gpipe"}).parallel)
 
 
 def test_trainer_refuses_a_layout_that_does_not_fill_the_world() -> None:

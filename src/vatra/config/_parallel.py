@@ -123,9 +123,9 @@ def check_world(cfg: ParallelConfig, world_size: int) -> None:
 
 
 def check_trainer(cfg: ParallelConfig) -> None:
-    """What the Trainer cannot run (yet), as a ``ConfigError``: pipelines."""
-    if cfg.pp > 1:
+    """What the Trainer cannot run (yet), as a ``ConfigError``: pipelines with several stages per rank."""
+    if cfg.pp > 1 and cfg.stages_per_rank > 1:
         raise ConfigError(
-            f"parallel.pp = {cfg.pp}: the Trainer does not run pipelines yet; use "
-            "vatra.parallel.build_pipeline in your own loop (docs/parallel.md), or parallel.pp = 1"
+            f"parallel.schedule = {cfg.schedule!r}: the Trainer runs one pipeline stage per rank "
+            "(gpipe, 1f1b); use vatra.parallel.build_pipeline in your own loop for it (docs/parallel.md)"
         )

@@ -141,6 +141,7 @@ class Trainer:
         if any(True for _ in self.loss.parameters()):
             self.trainable = Objective(self.model, self.loss)
         self.module: nn.Module = self.trainable  # what runs forward: the DDP wrapper when distributed
+        self._pipeline_scale = 1.0  # parallel.pp: the scale of the current micro-step's loss
         # parallel.fsdp/tp: the model is sharded in place over a device mesh, instead of wrapped in DDP
         self.parallel: Parallel | None = None
         if not cfg.parallel.is_default():
@@ -150,7 +151,20 @@ class Trainer:
             if cfg.parallel.enabled:
                 from vatra.parallel import parallelize  # DTensor's machinery: only when asked for
 
-                self.parallel = parallelize(cfg.parallel, self.trainable, self.model, device)
+                # pp: one micro-batch of token ids to time the blocks on (pipelines split gpt only)
+                micro = max(1, cfg.train.batch_size // cfg.parallel.n_microbatches)
+                vocab = max(spec.num_classes, 1)
+                example = torch.randint(0, vocab, (micro, *spec.input_shape), generator=torch.Generator())
+                self.parallel = parallelize(
+                    cfg.parallel,
+                    self.trainable,
+                    self.model,
+                    device,
+                    loss_fn=self._pipeline_loss,
+                    example=example.to(device),
+                )
+                if self.parallel.pipeline is not None:  # this rank trains its stage of the model
+                    self.model = self.trainable = self.module = self.parallel.pipeline.stages[0]
         if self.dist.distributed and self.parallel is None:
             ids = [device.index] if device.type == "cuda" else None
             self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
@@ -309,6 +323,8 @@ class Trainer:
             loss_sum, data_time, fwd_bwd_time = self._guarded_micro_steps(accum)
         else:
             loss_sum, data_time, fwd_bwd_time = self._micro_steps(accum, self.module)
+        if self.parallel is not None:
+            self.parallel.after_backward()  # pp: the tied weights' gradients, summed once per step
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
         state.extras["grad_norm"] = grad_norm  # pre-clip and identical on every rank: healing decides on it
@@ -442,7 +458,13 @@ class Trainer:
         self, inputs: Any, target: Any, *, scale: float = 1.0, module: nn.Module | None = None
     ) -> torch.Tensor:
         """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss.
-        ``module``: what runs forward (default: the DDP wrapper when distributed)."""
+        ``module``: what runs forward (default: the DDP wrapper when distributed). Under ``parallel.pp``
+        the pipeline schedule runs forward and backward of the batch's pipeline micro-batches."""
+        pipeline = self.parallel.pipeline if self.parallel is not None else None
+        if pipeline is not None:
+            self._pipeline_scale = scale
+            with self._autocast():
+                return pipeline.step(inputs, target, sync_tied=False) / scale
         module = self.module if module is None else module
         with self._autocast():
             if self.trainable is self.model:
@@ -467,6 +489,10 @@ class Trainer:
         if isinstance(self.sampler, GlobalBatchSampler):
             return self.dist.world_size * self.sampler.batch_size / self.sampler.global_batch
         return 1.0
+
+    def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The last pipeline stage's loss of one pipeline micro-batch, scaled as the micro-step's."""
+        return self.loss(output, target) * self._pipeline_scale
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -525,9 +551,9 @@ class Trainer:
             batches = self.parallel.lockstep(batches)
         with self._autocast():
             for (inputs, target), counted in batches:
-                # the plain module: evaluation needs no gradient sync
-                output = call_model(self.model, inputs)
-                if counted:
+                # the plain module: evaluation needs no gradient sync (pp: None but on the last stage)
+                output = self._eval_forward(inputs)
+                if counted and output is not None:
                     metrics.update(output, target)
         if self.dist.distributed and not self.spec.num_classes:
             # A rank with no validation batch cannot size its sums: agree on the class count first.
@@ -539,11 +565,18 @@ class Trainer:
             self.dist.all_reduce_sum(totals)
         else:  # over the data-parallel ranks only: their peers evaluated the same batches
             torch.distributed.all_reduce(totals, group=self.parallel.data_group)
+            if self.parallel.pipeline is not None:  # the last stage's sums, on every stage
+                self.parallel.pipeline.from_last(totals)
         self.module.train()
         values = {f"val_{k}": v for k, v in metrics.compute(totals).items()}
         self.state.last_eval = values
         self.plugins.on_eval_end(self, values)
         return values
+
+    def _eval_forward(self, inputs: Any) -> Any:
+        if self.parallel is not None and self.parallel.pipeline is not None:
+            return self.parallel.pipeline.forward_only(inputs)
+        return call_model(self.model, inputs)
 
     # --------------------------------------------------------------- helpers
     def log_event(self, kind: str, **fields: Any) -> None:

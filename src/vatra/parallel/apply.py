@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -12,9 +12,11 @@ from torch import nn
 
 from vatra.config import ParallelConfig
 from vatra.config._parallel import check_trainer
+from vatra.errors import ConfigError
 from vatra.parallel.fsdp import apply_fsdp, blocks_of
 from vatra.parallel.grads import total_norm
 from vatra.parallel.mesh import Mesh
+from vatra.parallel.pipeline import Pipeline, build_pipeline
 from vatra.parallel.tp import apply_tp
 
 T = TypeVar("T")
@@ -26,6 +28,7 @@ class Parallel:
 
     mesh: Mesh
     data_group: dist.ProcessGroup
+    pipeline: Pipeline | None = None
 
     @property
     def data_rank(self) -> int:
@@ -63,23 +66,48 @@ class Parallel:
                 last = item
                 yield item
 
+    def after_backward(self) -> None:
+        """Once per optimizer step, after the micro-steps' backward: a pipeline sums its tied weights'
+        gradients (the token embedding on the first stage, the head's copy on the last)."""
+        if self.pipeline is not None:
+            self.pipeline.sync_tied()
+
     def grad_norm(self, grads: list[torch.Tensor]) -> float:
-        """The global gradient norm (collective over the mesh). NOTE: a host sync, as the trainer's own."""
-        return float(total_norm(grads))
+        """The global gradient norm (collective over the mesh). NOTE: a host sync, as the trainer's own.
+        A pipeline's stages add theirs up over pp, the tied head's copy counted once."""
+        if self.pipeline is None:
+            return float(total_norm(grads))
+        counted = [p.grad for p in self.pipeline.norm_parameters() if p.grad is not None]
+        return float(total_norm(counted, self.mesh["pp"].get_group()))
 
 
 def parallelize(
-    cfg: ParallelConfig, trainable: nn.Module, model: nn.Module, device: torch.device
+    cfg: ParallelConfig,
+    trainable: nn.Module,
+    model: nn.Module,
+    device: torch.device,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    example: torch.Tensor | None = None,
 ) -> Parallel:
     """Collective: build the mesh, then split ``model`` in place, tensor parallelism first (it changes
     the parameters into DTensors on ``tp``), FSDP over the data axes second (it shards those further,
     and ``trainable``: the model, or the model with a loss's parameters, is its root unit).
 
-    Pipelines are not driven by the Trainer (yet): ``parallel.pp > 1`` is refused here; see
-    :func:`vatra.parallel.build_pipeline`.
+    With ``pp > 1`` the model is split into this rank's pipeline stage instead
+    (:func:`build_pipeline`, which applies tp and fsdp to it): ``loss_fn`` and ``example`` (one
+    micro-batch of inputs) are what it needs; ``trainable`` must be the model itself.
     """
     check_trainer(cfg)
     mesh = Mesh.build(cfg, device)
+    if cfg.pp > 1:
+        if trainable is not model or loss_fn is None or example is None:
+            raise ConfigError(
+                "parallel.pp: a loss with parameters of its own (multitask uncertainty weights) cannot "
+                "be pipelined yet; use a loss without parameters, or parallel.pp = 1"
+            )
+        pipeline = build_pipeline(model, mesh, cfg, loss_fn, example)
+        return Parallel(mesh, mesh.data_group(), pipeline)
     if cfg.tp > 1:
         apply_tp(model, mesh["tp"], cfg.tp_plan)
     if mesh.data_world > 1:

@@ -50,6 +50,7 @@ class GPTStage(nn.Module):
         super().__init__()
         self.first, self.last = first, last
         self.block_size = model.block_size
+        self.width = model.tok_emb.embedding_dim  # C of the hidden state passed between stages
         if first:
             self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in blocks})
@@ -111,12 +112,14 @@ class Pipeline:
         skip = {id(s.head.weight) for s in self.stages if s.last and not s.first}
         return [p for p in self.parameters() if id(p) not in skip]
 
-    def step(self, inputs: Tensor | None, target: Tensor | None) -> Tensor:
+    def step(self, inputs: Tensor | None, target: Tensor | None, *, sync_tied: bool = True) -> Tensor:
         """Forward and backward of one batch in ``microbatches`` pieces; the gradients left are those
         of the batch's mean loss (the schedule divides by the micro-batch count). Returns that mean
         loss on every rank of the pipeline (sent from the last stage).
 
         The first stage reads ``inputs``, the last ``target``; the others may pass None.
+        ``sync_tied``: sum the tied weights' gradients now; when gradients accumulate over several
+        steps, pass False and call :meth:`sync_tied` once after the last (summing twice double-counts).
         """
         self.losses = []
         args = (inputs,) if self.has_first else ()
@@ -124,12 +127,38 @@ class Pipeline:
             self.schedule.step(*args, target=target, losses=self.losses)
         else:
             self.schedule.step(*args)
-        self.sync_tied()
+        if sync_tied:
+            self.sync_tied()
         loss = torch.stack(self.losses).mean().detach() if self.has_last else torch.zeros(())
+        return self.from_last(loss)
+
+    def from_last(self, t: Tensor) -> Tensor:
+        """``t`` as the last stage holds it, on every rank of the pipeline (a broadcast over pp)."""
         pp = self.mesh["pp"]
         if pp.size() > 1:
-            dist.broadcast(loss, group=pp.get_group(), group_src=self.last_owner)
-        return loss
+            dist.broadcast(t, group=pp.get_group(), group_src=self.last_owner)
+        return t
+
+    @torch.no_grad()
+    def forward_only(self, inputs: Tensor) -> Tensor | None:
+        """The model's output for ``inputs`` (token ids ``(b, T)``, the same on every pp rank) on the
+        last stage, None elsewhere: each stage's forward in turn, the hidden state ``(b, T, C)`` sent
+        to the next with a plain send/recv. For evaluation, where batch sizes vary and the
+        schedule's stages, which fix their micro-batch shapes at the first step, cannot be used.
+        One stage per rank only (gpipe, 1f1b)."""
+        if len(self.stages) != 1:
+            raise NotImplementedError("forward_only runs one stage per rank (gpipe, 1f1b)")
+        stage, pp = self.stages[0], self.mesh["pp"]
+        group, me = pp.get_group(), pp.get_local_rank()
+        x = inputs
+        if not stage.first:
+            x = torch.empty(*inputs.shape, stage.width, device=inputs.device)  # (b, T, C)
+            dist.recv(x, group=group, group_src=me - 1)
+        y = stage(x)
+        if not stage.last:
+            dist.send(y.contiguous(), group=group, group_dst=me + 1)
+            return None
+        return y
 
     def sync_tied(self) -> None:
         """Sum the gradients of the token embedding (first stage) and the head's copy (last stage)."""
