@@ -191,14 +191,18 @@ class _Loaded(Plugin):
         self.out = out
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        state = _full(trainer.model)
-        if trainer.dist.is_main:
-            torch.save({"step": trainer.state.step, "state": state}, self.out)
+        self._save(trainer, self.out)
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
-        state = _full(trainer.model)
+        self._save(trainer, self.out.with_suffix(".end.pt"))
+
+    @staticmethod
+    def _save(trainer: Trainer, path: Path) -> None:
+        state: dict[str, torch.Tensor] = {}
+        for part in _gather(_full(trainer.model)):  # pp: every stage's parameters
+            state.update(part)
         if trainer.dist.is_main:
-            torch.save({"step": trainer.state.step, "state": state}, self.out.with_suffix(".end.pt"))
+            torch.save({"step": trainer.state.step, "state": state}, path)
 
 
 def _checkpoint_case(ctx: DistContext, parallel: dict[str, Any], run: Path, steps: int, out: Path) -> None:
@@ -263,7 +267,10 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
         if world == 4:  # fsdp × tp: saved after 2 steps, resumed on the same layout, one more step
             for steps in (2, STEPS):
                 _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt")
-        else:
+        else:  # pp: the same round trip through the Trainer's pipeline
+            pipelined = {"pp": 2, "schedule": "gpipe"}
+            for steps in (2, STEPS):
+                _checkpoint_case(ctx, pipelined, folder / "run_pp", steps, folder / "pp.pt")
             _auto_case(ctx, folder / "auto")
     finally:
         ctx.destroy()
@@ -329,11 +336,10 @@ def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: Launched) -> None:
         torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
 
 
-def test_fsdp_tp_checkpoint_round_trip_resumes_exactly(
-    launched: Launched,
-) -> None:
+@pytest.mark.parametrize("layout", ["tp", "pp"])  # fsdp 2 × tp 2 on 4 ranks; pp 2 (gpipe) on 2
+def test_checkpoint_round_trip_resumes_exactly(launched: Launched, layout: str) -> None:
     folder, ref = launched[0], launched[1][False]
-    loaded, end = torch.load(folder / "tp.pt"), torch.load(folder / "tp.end.pt")
+    loaded, end = torch.load(folder / f"{layout}.pt"), torch.load(folder / f"{layout}.end.pt")
     assert loaded["step"] == 2 and end["step"] == STEPS
     for name, tensor in ref[1]["state"].items():
         torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
@@ -466,13 +472,13 @@ def test_plan_command_prints_ranked_layouts(capsys: pytest.CaptureFixture[str]) 
 
 def test_auto_names_why_no_layout_fits() -> None:
     cfg = _config({"auto": True, "auto_memory_gb": 1e-6})
-    with pytest.raises(ConfigError, match=r"no layout of 2 ranks without pipelining fits: dp .* needs"):
+    with pytest.raises(ConfigError, match=r"no layout of 2 ranks the Trainer runs fits: dp .* needs"):
         choose(cfg, 2)
 
 
 def test_auto_trains_on_the_chosen_layout_and_pins_it(launched: Launched) -> None:
     run = launched[0] / "auto"  # vatra.fit on 2 ranks with parallel.auto = true
     pinned = load_config(run / "config.toml").parallel
-    assert not pinned.auto and pinned.size == 2 and pinned.pp == 1
+    assert not pinned.auto and pinned.size == 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])

@@ -65,9 +65,9 @@ class ParallelConfig(Section):
     )
     auto: bool = Field(
         False,
-        description="Pick dp, fsdp and tp at start with the planner (rank 0 measures the blocks; the "
-        "fastest feasible layout without pp), replacing what dp, fsdp, tp and pp say; the choice is "
-        "written to the run's config.toml and a resume keeps it.",
+        description="Pick dp, fsdp, tp and pp at start with the planner (rank 0 measures the blocks; the "
+        "fastest feasible layout the Trainer runs), replacing what dp, fsdp, tp and pp say; the choice "
+        "is written to the run's config.toml and a resume keeps it.",
     )
     auto_memory_gb: float | None = Field(
         None, gt=0.0, description="auto: memory per rank the chosen layout must fit; unset = no limit."

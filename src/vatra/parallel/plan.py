@@ -203,18 +203,19 @@ def plan(
 
 
 def choose(cfg: Config, world: int) -> ParallelConfig:
-    """``parallel.auto``: the fastest feasible layout the Trainer runs (no pipeline), measured here;
-    a ``ConfigError`` when none fits ``parallel.auto_memory_gb``."""
+    """``parallel.auto``: the fastest feasible layout the Trainer runs (pipelines only with one stage
+    per rank: gpipe, 1f1b), measured here; a ``ConfigError`` when none fits ``parallel.auto_memory_gb``."""
     par = cfg.parallel
     ranked = plan(
         measure(cfg), cfg, world, bandwidth=par.auto_bandwidth_gbs * 1e9, memory_gb=par.auto_memory_gb
     )
-    runnable = [e for e in ranked if e.pp == 1]
+    runnable = [e for e in ranked if e.pp == 1 or par.stages_per_rank == 1]
     best = next((e for e in runnable if e.feasible), None)
     if best is None:
         raise ConfigError(
-            f"parallel.auto: no layout of {world} ranks without pipelining fits: "
+            f"parallel.auto: no layout of {world} ranks the Trainer runs fits: "
             f"{'; '.join(f'dp {e.dp} fsdp {e.fsdp} tp {e.tp}: {e.why}' for e in runnable[:3])}; raise "
             "parallel.auto_memory_gb, lower train.batch_size, or add ranks"
         )
-    return par.model_copy(update={"dp": best.dp, "fsdp": best.fsdp, "tp": best.tp, "pp": 1, "auto": False})
+    layout = {"dp": best.dp, "fsdp": best.fsdp, "tp": best.tp, "pp": best.pp, "auto": False}
+    return par.model_copy(update=layout)
