@@ -31,18 +31,20 @@ def total_norm(grads: Iterable[Tensor], pp_group: dist.ProcessGroup | None = Non
     their sums of squares add up over the pipeline axis.
     """
     sums: dict[tuple[dist.ProcessGroup, ...], Tensor] = {}
+    device = torch.device("cpu")
     for g in grads:
+        device = g.device
         groups: tuple[dist.ProcessGroup, ...] = ()
         if isinstance(g, DTensor):
             mesh = g.device_mesh
             groups = tuple(mesh.get_group(i) for i, p in enumerate(g.placements) if _sharded(p))
         square = local_tensor(g).detach().double().square().sum()
         sums[groups] = sums[groups] + square if groups in sums else square
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=device)  # where the collectives run (NCCL: GPU)
     for groups, square in sums.items():  # the same keys in the same order on every rank (SPMD)
         for group in groups:
             dist.all_reduce(square, group=group)
-        total += square.cpu()
+        total += square
     if pp_group is not None:
         dist.all_reduce(total, group=pp_group)
     return total.sqrt()

@@ -129,7 +129,8 @@ class Pipeline:
             self.schedule.step(*args)
         if sync_tied:
             self.sync_tied()
-        loss = torch.stack(self.losses).mean().detach() if self.has_last else torch.zeros(())
+        device = next(self.parameters()).device
+        loss = torch.stack(self.losses).mean().detach() if self.has_last else torch.zeros((), device=device)
         return self.from_last(loss)
 
     def from_last(self, t: Tensor) -> Tensor:
@@ -195,7 +196,8 @@ def _agreed_split(model: GPT, mesh: Mesh, n_stages: int, example: Tensor) -> lis
     box: list[object] = [None]
     if dist.get_rank() == 0:
         with torch.no_grad():
-            hidden = model.tok_emb(example) + model.pos_emb(torch.arange(example.shape[1]))  # (B, T, C)
+            pos = torch.arange(example.shape[1], device=example.device)  # (T,)
+            hidden = model.tok_emb(example) + model.pos_emb(pos)  # (B, T, C)
         with torch.random.fork_rng():  # dropout in the timed runs draws nothing from training's RNG
             costs = measure_block_costs(list(model.blocks), hidden)
             head = measure_block_costs([nn.Sequential(model.ln_f, model.head)], hidden)[0]
