@@ -34,7 +34,15 @@ from vatra.engine.optim import build_optimizer
 from vatra.errors import ConfigError
 from vatra.losses import build_loss
 from vatra.models import build_model
-from vatra.parallel import Mesh, build_pipeline, check_trainer, clip_, split_stages, total_norm
+from vatra.parallel import (
+    Mesh,
+    build_pipeline,
+    check_trainer,
+    clip_,
+    resolve_plan,
+    split_stages,
+    total_norm,
+)
 from vatra.parallel.plan import Costs, choose, layouts, plan
 from vatra.resilience import CheckpointPlugin
 from vatra.rundir import RunDir
@@ -482,3 +490,11 @@ def test_auto_trains_on_the_chosen_layout_and_pins_it(launched: Launched) -> Non
     assert not pinned.auto and pinned.size == 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
+
+
+def test_a_tp_plan_names_real_modules() -> None:
+    model = _user_model(_config({}))
+    assert sorted(resolve_plan(model, {"[13]": "colwise"})) == ["1", "3"]  # fnmatch globs
+    expected = r"parallel\.tp_plan: 'layers\.\*\.fc1' matches no module of Sequential; module paths"
+    with pytest.raises(ConfigError, match=expected):
+        resolve_plan(model, {"layers.*.fc1": "colwise"})
