@@ -6,7 +6,8 @@ p gloo ranks (one per stage, one thread each) run vatra.parallel's pipeline of a
 are split evenly (4 blocks per stage, n_embd 256, 64 tokens, 4 samples per micro-batch). Each rank
 first times its own stage's forward + backward of one micro-batch alone (no communication); the
 slowest stage's time t sets the pace, so a step without a bubble would take m·t. The measured
-bubble is 1 − m·t / T_step (median of --steps steps after one warm-up), the theory
+bubble is 1 − m·t / T_step (both the fastest of --steps runs after one warm-up: on a shared machine
+the minimum is the least disturbed), the theory
 (p − 1)/(m + p − 1) for both schedules. What the bubble does not account for (send/recv, the
 schedule's own work) lands in the measured figure too.
 
@@ -18,7 +19,6 @@ result file.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Any
 
@@ -61,7 +61,7 @@ def worker(ctx: DistContext, schedule: str, micro: int, steps: int) -> dict[str,
         out = stage(probe)
         (lm_loss(out, x[:MICRO]) if stage.last else out.sum()).backward()
         alone.append(time.perf_counter() - start)
-    t_stage = torch.tensor(statistics.median(alone[1:]))
+    t_stage = torch.tensor(min(alone[1:]))
     torch.distributed.all_reduce(t_stage, op=torch.distributed.ReduceOp.MAX)
     times = []
     for _ in range(steps + 1):
@@ -71,7 +71,7 @@ def worker(ctx: DistContext, schedule: str, micro: int, steps: int) -> dict[str,
         start = time.perf_counter()
         pipe.step(x, x)
         times.append(time.perf_counter() - start)
-    step = statistics.median(times[1:])
+    step = min(times[1:])
     return {"step_s": step, "stage_s": float(t_stage), "bubble": 1.0 - micro * float(t_stage) / step}
 
 
