@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vatra.asyncdp import mode_plugin
 from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
 from vatra.config import Config, config_from_dict, dump_toml, load_config
@@ -41,7 +42,9 @@ class FitResult:
     run_dir: Path
 
 
-def build_plugins(cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = ()) -> list[Plugin]:
+def build_plugins(
+    cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = (), *, mode: Plugin | None = None
+) -> list[Plugin]:
     """The plugins a config asks for, in dispatch order, with the caller's ``extra`` ones.
 
     Order matters: fault injection first (everything after it sees the fault), then
@@ -53,7 +56,10 @@ def build_plugins(cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = ()) ->
         plugins.append(TrainingFaults(cfg.chaos))
     if cfg.chaos.kill_at_steps:
         plugins.append(KillInjector(cfg.chaos, run_dir))
-    plugins.append(CommPlugin(cfg.comm))
+    if mode is not None:  # an asynchronous worker's link to the servers
+        plugins.append(mode)
+    else:
+        plugins.append(CommPlugin(cfg.comm) if cfg.dist.mode == "sync" else mode_plugin(cfg))
     if Balancer.wanted(cfg.balance):
         plugins.append(Balancer(cfg.balance))
     if cfg.monitor.enabled:
@@ -64,7 +70,7 @@ def build_plugins(cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = ()) ->
         plugins.append(PrometheusExporter(cfg.monitor))
     if cfg.monitor.tracing:
         plugins.append(StepTracer(cfg.monitor, run_dir.path))
-    if cfg.checkpoint.enabled:
+    if cfg.checkpoint.enabled and cfg.dist.mode != "async":  # async: the servers keep the model
         plugins.append(CheckpointPlugin(cfg, run_dir))
     plugins.extend(extra)
     plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))
@@ -185,6 +191,14 @@ def fit(
     cfg = as_config(config)
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if cfg.dist.mode == "async":  # workers and parameter servers, each supervised in place
+        from vatra.asyncdp.run import fit_async
+
+        where = run_dir or os.environ.get(RUN_DIR_ENV)
+        summary, trained, path = fit_async(
+            cfg, model=model, train=train, val=val, loss=loss, plugins=tuple(plugins), run_dir=where
+        )
+        return FitResult(summary, trained, path)
     ctx = DistContext.from_env(cfg.dist)
     try:
         if train is None and cfg.data.name == "delta":

@@ -133,6 +133,22 @@ def compression_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures
     return run_bucket(state.worker, work)
 
 
+def average_(state: HookState, keys: list[int], tensors: list[torch.Tensor]) -> None:
+    """Average ``tensors`` across ranks in place as the hook averages a bucket, outside DDP (the
+    pseudo-gradients of ``vatra.asyncdp``): exact (fused into ``bucket_bytes`` messages) while
+    ``state.step < state.start_step`` or with a lossless method, else compressed with error feedback."""
+    t0 = time.perf_counter()
+    if state.compressor.lossless or state.step < state.start_step:
+        _accumulate(state, list(zip(keys, tensors, strict=True)))
+        all_reduce_coalesced_(tensors, state.topology, state.bucket_bytes)
+        torch._foreach_div_(tensors, state.topology.world_size)
+    else:
+        if isinstance(state.compressor, SparseCompressor) and state.ratio is not None:
+            state.compressor.ratio = state.ratio_at(state.step)
+        _compressed_average(state, keys, tensors)
+    state.comm_time_s += time.perf_counter() - t0
+
+
 def _keys(bucket: dist.GradBucket) -> list[int]:
     return [id(p) for p in bucket.parameters()]
 

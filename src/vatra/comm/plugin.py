@@ -114,23 +114,14 @@ class CommPlugin(Plugin):
                     "is lossless or sets error_feedback = False); set comm.momentum_correction = false"
                 )
             memory = self._momentum_memory(trainer, isinstance(compressor, SparseCompressor))
-        draws = None
-        if compressor.stochastic:
-            seed, device = trainer.cfg.run.seed, trainer.dist.device
-            # random-k: the same indices on every rank, so only the values travel, all-reduced
-            shared = compressor.can_share_draws
-            compressor.shared = shared
-            draws = TensorDraws(seed, 0 if shared else topology.rank, _positions(trainer), device)
-        state = HookState(
-            compressor=compressor,
-            memory=memory,
-            topology=topology,
-            start_step=int(self.cfg.start_step),
-            sparsity_warmup=int(self.cfg.sparsity_warmup),
-            min_numel=self.cfg.min_numel,
-            bucket_bytes=int(self.cfg.bucket_mb * 2**20),
-            overlap=self.cfg.overlap,
-            draws=draws,
+        state = build_hook_state(
+            self.cfg,
+            compressor,
+            topology,
+            memory,
+            seed=trainer.cfg.run.seed,
+            index=_positions(trainer),
+            device=trainer.dist.device,
         )
         return state, use_memory
 
@@ -210,6 +201,39 @@ class CommPlugin(Plugin):
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         if self.state is not None:
             self.state.close(wait=False)  # a bucket may still wait on a peer that is gone
+
+
+def build_hook_state(
+    cfg: CommConfig,
+    compressor: Compressor,
+    topology: Topology,
+    memory: Memory,
+    *,
+    seed: int,
+    index: dict[int, int],
+    device: torch.device,
+    start_step: int | None = None,
+) -> HookState:
+    """The compression hook's state for a resolved ``cfg`` (:func:`resolve_recipe`); ``index`` maps
+    each tensor's key to its position (a stochastic compressor's draws are seeded from it). Also what
+    ``vatra.asyncdp`` averages its pseudo-gradients with (:func:`vatra.comm.hooks.average_`)."""
+    draws = None
+    if compressor.stochastic:
+        # random-k: the same indices on every rank, so only the values travel, all-reduced
+        shared = compressor.can_share_draws
+        compressor.shared = shared
+        draws = TensorDraws(seed, 0 if shared else topology.rank, index, device)
+    return HookState(
+        compressor=compressor,
+        memory=memory,
+        topology=topology,
+        start_step=int(cfg.start_step) if start_step is None else start_step,
+        sparsity_warmup=int(cfg.sparsity_warmup),
+        min_numel=cfg.min_numel,
+        bucket_bytes=int(cfg.bucket_mb * 2**20),
+        overlap=cfg.overlap,
+        draws=draws,
+    )
 
 
 def _positions(trainer: Trainer) -> dict[int, int]:

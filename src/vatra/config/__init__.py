@@ -1,5 +1,6 @@
 """Typed run configuration: sections, TOML loading, overrides."""
 
+from vatra.config._asyncdp import AsyncConfig, DiLoCoConfig, HybridConfig, LocalSGDConfig
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -29,17 +30,21 @@ from vatra.config._sections import (
 from vatra.config._tune import ParamConfig, TuneConfig
 
 __all__ = [
+    "AsyncConfig",
     "BalanceConfig",
     "ChaosConfig",
     "CheckpointConfig",
     "CommConfig",
     "Config",
     "DataConfig",
+    "DiLoCoConfig",
     "DistConfig",
     "DriftConfig",
     "ErasureConfig",
     "FederatedConfig",
     "HealConfig",
+    "HybridConfig",
+    "LocalSGDConfig",
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from vatra.config._asyncdp import AsyncConfig, DiLoCoConfig, HybridConfig, LocalSGDConfig
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
@@ -48,6 +49,8 @@ class Config(Section):
     needs to know what the user wrote.
     """
 
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
     run: RunConfig = Field(default_factory=RunConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -63,6 +66,11 @@ class Config(Section):
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
+    local_sgd: LocalSGDConfig = Field(default_factory=LocalSGDConfig)
+    diloco: DiLoCoConfig = Field(default_factory=DiLoCoConfig)
+    hybrid: HybridConfig = Field(default_factory=HybridConfig)
+    # `async` is a Python keyword: the field is `async_`, read and written as `async` in TOML.
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
     @model_validator(mode="after")
@@ -153,6 +161,12 @@ class Config(Section):
                 )
         if not par.enabled and not par.auto:
             return self
+        if self.dist.mode != "sync":
+            raise ValueError(
+                f"parallel: fsdp, tp and pp train one model in lockstep over the mesh, but dist.mode = "
+                f"{self.dist.mode!r} lets ranks step apart; set dist.mode = 'sync', or "
+                "parallel.fsdp = tp = pp = 1"
+            )
         if self.comm.method != "none" or self.comm.topology in ("ring", "hierarchical"):
             raise ValueError(
                 "parallel: fsdp, tp and pp reduce gradients over the device mesh, without DDP's comm "
@@ -168,6 +182,40 @@ class Config(Section):
                 "parallel: train.precision = 'fp16' needs a gradient scaler for sharded gradients, "
                 "which vatra does not have; use train.precision = 'bf16' or "
                 "parallel.fsdp_mixed_precision = 'fp16'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dist_mode(self) -> Config:
+        mode = self.dist.mode
+        if mode == "sync":
+            return self
+        if self.balance.method != "off":
+            raise ValueError(
+                f"dist.mode = {mode!r}: every rank takes the same number of local steps on batches of "
+                "train.batch_size, so uneven per-rank batches do not apply; set balance.method = 'off' "
+                "(diloco.adaptive_steps gives a slow rank fewer local steps instead)"
+            )
+        hooked = self.comm.topology in ("ring", "hierarchical")
+        if mode == "local_sgd" and (self.comm.method != "none" or hooked):
+            raise ValueError(
+                "dist.mode = 'local_sgd' averages parameters with torch's model averager (and DDP's own "
+                "all-reduce during local_sgd.warmup_steps), without comm's hooks; set comm.method = 'none' "
+                "and comm.topology = 'auto', or use dist.mode = 'diloco', whose pseudo-gradients go "
+                "through comm"
+            )
+        if mode == "async" and (self.comm.method not in ("none", "fp16", "bf16") or hooked):
+            raise ValueError(
+                f"dist.mode = 'async' sends each worker's gradient to the servers in full precision or "
+                f"cast to half (comm.method none, fp16 or bf16), not {self.comm.method!r} over "
+                f"comm.topology {self.comm.topology!r}; set comm.method = 'fp16' (or 'none') and "
+                "comm.topology = 'auto'"
+            )
+        if mode in ("diloco", "hybrid") and self.comm.method == "powersgd":
+            raise ValueError(
+                f"dist.mode = {mode!r} with comm.method = 'powersgd': the pseudo-gradient is averaged once "
+                "per round, where PowerSGD's warm-started factors do not carry over; use fp16, bf16, topk, "
+                "randomk, onebit or qsgd"
             )
         return self
 
@@ -255,6 +303,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def _field(model: type[Section], key: str) -> Any:
+    """The field a TOML key names: by name, or by alias (``async`` is the field ``async_``)."""
+    found = model.model_fields.get(key)
+    return found or next((f for f in model.model_fields.values() if f.alias == key), None)
+
+
 def _format_error(err: ValidationError) -> str:
     """One line: dotted path, what was wrong, what is allowed."""
     first = err.errors()[0]
@@ -263,7 +317,7 @@ def _format_error(err: ValidationError) -> str:
         model: type[Section] = Config
         parts = iter(first["loc"][:-1])
         for part in parts:
-            field = model.model_fields.get(str(part))
+            field = _field(model, str(part))
             if field is None:
                 break
             annotation = field.annotation
@@ -274,7 +328,7 @@ def _format_error(err: ValidationError) -> str:
             if not isinstance(annotation, type):
                 break
             model = annotation
-        allowed = ", ".join(sorted(model.model_fields))
+        allowed = ", ".join(sorted(f.alias or name for name, f in model.model_fields.items()))
         msg = f"{loc}: unknown key; allowed keys here: {allowed}"
     elif not loc:  # a check across sections: its message names the keys
         msg = first["msg"].removeprefix("Value error, ")

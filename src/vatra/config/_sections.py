@@ -338,3 +338,17 @@ class DistConfig(Section):
     )
     timeout_s: float = Field(300.0, gt=0.0, description="Collective timeout in seconds.")
     bucket_cap_mb: float = Field(25.0, gt=0.0, description="DDP gradient bucket size in MB.")
+    mode: Literal["sync", "local_sgd", "diloco", "hybrid", "async"] = Field(
+        "sync",
+        description="sync = DDP (gradients averaged every step); local_sgd = parameters averaged every "
+        "local_sgd.every steps; diloco = an outer optimizer on the averaged change over diloco.inner_steps "
+        "local steps; hybrid = DDP inside groups of hybrid.group_size ranks, diloco across them; async = "
+        "parameter servers (the last dist.servers ranks) take each worker's gradients as they come "
+        "([local_sgd], [diloco], [hybrid], [async], docs/asyncdp.md).",
+    )
+    servers: int = Field(
+        1,
+        ge=1,
+        description="dist.mode = 'async': how many of the ranks (the last ones) are parameter servers; "
+        "the parameters are split over them by size.",
+    )

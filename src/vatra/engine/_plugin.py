@@ -14,13 +14,15 @@ class Plugin:
 
     Call order for one run: ``on_fit_start`` once; per optimizer step ``on_step_start`` →
     (micro-steps) → ``after_backward`` (gradients are synchronised across ranks; setting
-    ``trainer.state.skip_update`` drops this update) → ``on_step_end`` (with the step's metrics
-    dict, which a plugin may extend); ``on_eval_end`` after each evaluation; ``on_fit_end`` with
-    the summary dict (extendable) on success, or ``on_failure`` with the exception. With
-    ``balance.adaptive``, a step in which some rank ran out of memory calls ``on_oom`` with those
-    ranks on every rank, and is then redone from ``on_step_start`` on. Plugins run
-    in list order on every rank; each checks ``trainer.dist.rank`` itself when only rank 0
-    should act. Plugins never import each other; they share data through ``trainer.state``.
+    ``trainer.state.skip_update`` drops this update) → ``after_update`` (the optimizer has stepped
+    and ``state.step`` counts the step; before any evaluation: where ``dist.mode`` syncs parameters)
+    → ``on_step_end`` (with the step's metrics dict, which a plugin may extend); ``on_eval_end``
+    after each evaluation; ``on_fit_end`` with the summary dict (extendable) on success, or
+    ``on_failure`` with the exception. With ``balance.adaptive``, a step in which some rank ran out
+    of memory calls ``on_oom`` with those ranks on every rank, and is then redone from
+    ``on_step_start`` on. Plugins run in list order on every rank; each checks
+    ``trainer.dist.rank`` itself when only rank 0 should act. Plugins never import each other; they
+    share data through ``trainer.state``.
     """
 
     def on_fit_start(self, trainer: Trainer) -> None: ...
@@ -28,6 +30,8 @@ class Plugin:
     def on_step_start(self, trainer: Trainer) -> None: ...
 
     def after_backward(self, trainer: Trainer) -> None: ...
+
+    def after_update(self, trainer: Trainer) -> None: ...
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None: ...
 
@@ -44,6 +48,7 @@ HOOKS = (
     "on_fit_start",
     "on_step_start",
     "after_backward",
+    "after_update",
     "on_step_end",
     "on_oom",
     "on_eval_end",
@@ -79,6 +84,10 @@ class PluginList:
 
     def after_backward(self, trainer: Trainer) -> None:
         for hook in self.by_hook["after_backward"]:
+            hook(trainer)
+
+    def after_update(self, trainer: Trainer) -> None:
+        for hook in self.by_hook["after_update"]:
             hook(trainer)
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:

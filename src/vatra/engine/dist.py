@@ -37,14 +37,19 @@ class DistContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None
     owns_group: bool = False  # this context created the default group (and destroys it)
+    # False: one of world_size ranks that share no process group (an asynchronous worker): it trains
+    # its own share of the data and runs no collectives
+    collective: bool = True
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 and self.collective
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        """Whether this rank writes the run's records: rank 0, or a rank without collectives (it
+        keeps its own run folder)."""
+        return self.rank == 0 or not self.collective
 
     @classmethod
     def from_env(cls, cfg: DistConfig) -> DistContext:

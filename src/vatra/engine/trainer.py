@@ -165,9 +165,15 @@ class Trainer:
                 )
                 if self.parallel.pipeline is not None:  # this rank trains its stage of the model
                     self.model = self.trainable = self.module = self.parallel.pipeline.stages[0]
-        if self.dist.distributed and self.parallel is None:
+        # dist.mode = diloco: every rank steps on its own gradients, synchronised by the mode's plugin;
+        # hybrid: DDP inside the rank's group
+        ddp = cfg.dist.mode in ("sync", "local_sgd", "hybrid")
+        if self.dist.distributed and self.parallel is None and ddp:
             ids = [device.index] if device.type == "cuda" else None
-            self.module = DDP(self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb)
+            group = self._hybrid_group() if cfg.dist.mode == "hybrid" else None
+            self.module = DDP(
+                self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb, process_group=group
+            )
         self.sampler = sampler
         self.batches = self._train_batches()
         self._params = list(self.trainable.parameters())
@@ -178,6 +184,20 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         # balance.adaptive: the trainer synchronises the gradients itself (an OOM rank redoes the step)
         self.guarded = cfg.balance.adaptive and isinstance(self.sampler, GlobalBatchSampler)
+
+    def _hybrid_group(self) -> torch.distributed.ProcessGroup:
+        """``dist.mode = "hybrid"``: this rank's group of ``hybrid.group_size`` contiguous ranks
+        (a collective: every rank creates every group)."""
+        size, world = self.cfg.hybrid.group_size, self.dist.world_size
+        if world % size:
+            raise ConfigError(
+                f"hybrid.group_size = {size} does not divide the world size {world}; give a divisor of "
+                f"{world} (the ranks of one host: dist.nproc)"
+            )
+        groups = [list(range(g, g + size)) for g in range(0, world, size)]
+        group, _ = torch.distributed.new_subgroups_by_enumeration(groups)
+        assert group is not None
+        return group
 
     @property
     def data_rank(self) -> int:
@@ -316,8 +336,11 @@ class Trainer:
         t0 = time.perf_counter()
         state, accum = self.state, self.cfg.train.grad_accum
         state.skip_update = False
+        state.idle = False
         self.plugins.on_step_start(self)
         lr = self.scheduler.get_last_lr()[0]
+        if state.idle:
+            return self._idle_step(t0, float(lr))
         self.optimizer.zero_grad(set_to_none=True)
         if self.guarded:
             loss_sum, data_time, fwd_bwd_time = self._guarded_micro_steps(accum)
@@ -339,6 +362,7 @@ class Trainer:
             self.scaler.update()
         self.scheduler.step()
         state.step += 1
+        self.plugins.after_update(self)
         step_time = time.perf_counter() - t0
         batch = self.global_batch * accum
         state.samples_seen += batch
@@ -359,6 +383,31 @@ class Trainer:
             metrics["amp_overflow"] = overflow
             metrics["loss_scale"] = self.scaler.get_scale()
         return metrics
+
+    def _idle_step(self, t0: float, lr: float) -> dict[str, Any]:
+        """A step this rank sits out (``state.idle``, set by ``diloco.adaptive_steps`` on a slow rank):
+        no data is read and nothing is computed, but the step counts and the LR schedule moves on,
+        so every rank's step counter stays the same. Loss and gradient norm repeat the last step's."""
+        state = self.state
+        self.scheduler.step()
+        state.step += 1
+        self.plugins.after_update(self)
+        step_time = time.perf_counter() - t0
+        state.train_time_s += step_time
+        last = state.last_metrics
+        return {
+            "step": state.step,
+            "loss": last.get("loss", math.nan),
+            "lr": lr,
+            "grad_norm": last.get("grad_norm", 0.0),
+            "samples_per_s": 0.0,
+            "step_time_s": step_time,
+            "data_time_s": 0.0,
+            "fwd_bwd_time_s": 0.0,
+            "optim_time_s": 0.0,
+            "skipped": False,
+            "idle": True,
+        }
 
     def _micro_steps(self, accum: int, module: nn.Module) -> tuple[torch.Tensor, float, float]:
         """Forward and backward of the step's ``accum`` micro-batches through ``module``: the summed
@@ -536,12 +585,13 @@ class Trainer:
             return {}
         self.module.eval()
         metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss).to(self.dist.device)
+        alone = not self.dist.distributed  # without collectives: the whole validation set here
         batches: Iterable[tuple[Batch, bool]] = (
             (batch, True)
             for batch in eval_batches(
                 self.val_data,
-                rank=self.data_rank,
-                world_size=self.data_world,
+                rank=0 if alone else self.data_rank,
+                world_size=1 if alone else self.data_world,
                 batch_size=self.cfg.train.eval_batch_size,
                 workers=self.cfg.data.workers,
                 device=self.dist.device,

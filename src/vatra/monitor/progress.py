@@ -64,7 +64,9 @@ class ProgressDisplay(Plugin):
                 "train", total=total, completed=trainer.state.step, loss=0.0, sps=0.0, val=""
             )
         else:
-            print(f"vatra: training {total} steps on {trainer.dist.world_size} rank(s)", flush=True)
+            ranks = trainer.dist.world_size
+            who = f"{ranks} rank(s)" if trainer.dist.collective else f"{ranks} async worker(s), each"
+            print(f"vatra: training {total} steps on {who}", flush=True)
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if not trainer.dist.is_main or self.mode == "off":

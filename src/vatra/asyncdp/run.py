@@ -1,0 +1,194 @@
+"""``vatra.fit`` under ``dist.mode = "async"``: each process supervises one worker or server.
+
+Of the job's N processes (torchrun's RANK / WORLD_SIZE), ranks 0 … N−S−1 are workers and the last S
+(``dist.servers``) parameter servers. Each process runs its role in a child process and restarts it
+in place when it dies (``async.restarts`` times), so one dead worker does not stop the others — the
+elastic agent, which restarts the whole group when any process fails, sees nothing. The roles find
+each other through the job's TCP store (the elastic agent's, or the one rank 0 hosts).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vatra.asyncdp.ps import AsyncWorker, Server
+from vatra.config import Config, dump_toml
+from vatra.engine import DistContext, Plugin, Trainer
+from vatra.errors import ConfigError, VatraError
+from vatra.rundir import RunDir, new_run_id
+
+FINAL = "final-model.pt"
+
+
+def job_store(timeout_s: float, *, host: bool) -> dist.Store:
+    """The job's TCP store (MASTER_ADDR / MASTER_PORT), under a prefix of this launch attempt;
+    ``host``: this process serves it when the elastic agent does not."""
+    try:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except KeyError:
+        raise ConfigError(
+            "dist.mode = 'async' needs a job of several processes: start it with vatra train --nproc N "
+            "(or torchrun), which sets MASTER_ADDR and MASTER_PORT"
+        ) from None
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        addr, port, is_master=host and not agent, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"vatra-async/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}/{attempt}", store)
+
+
+def roles(cfg: Config, world: int) -> tuple[int, int]:
+    """(workers, servers) of a job of ``world`` processes."""
+    servers = cfg.dist.servers
+    if world - servers < 1:
+        raise ConfigError(
+            f"dist.mode = 'async' with dist.servers = {servers} needs at least {servers + 1} processes "
+            f"(workers, then servers), got {world}; start more (--nproc {servers + 1}) or lower dist.servers"
+        )
+    return world - servers, servers
+
+
+def fit_async(
+    cfg: Config,
+    *,
+    model: nn.Module | None,
+    train: Any,
+    val: Any,
+    loss: Any,
+    plugins: tuple[Plugin, ...],
+    run_dir: str | Path | None,
+) -> tuple[dict[str, Any], nn.Module, Path]:
+    """This process's role, supervised; returns (summary, model, run folder) as ``vatra.fit`` does."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    workers, _ = roles(cfg, world)
+    store = job_store(cfg.dist.timeout_s, host=rank == 0)
+    if run_dir is None:  # rank 0 names the folder, the others read it from the store
+        if rank == 0:
+            store.set("run_dir", str(Path(cfg.run.out_dir) / new_run_id(cfg.run.name)))
+        run_dir = store.get("run_dir").decode()
+    rd = RunDir(Path(run_dir)).create()
+    if rank == 0 and not rd.config.exists():
+        rd.config.write_text(dump_toml(cfg))
+    role, index = ("worker", rank) if rank < workers else ("server", rank - workers)
+    objects = (model, train, val, loss, plugins)
+    try:
+        pickle.dumps(objects)
+    except Exception as err:
+        raise ConfigError(
+            f"dist.mode = 'async' runs each role in a child process, which needs the model, data and "
+            f"loss given to vatra.fit to pickle ({type(err).__name__}: {err}); define them at module level"
+        ) from None
+    supervise(cfg, role, index, workers, rd, objects)
+    final = rd.checkpoints / "async" / FINAL
+    summary: dict[str, Any] = {}
+    if rank == 0 and rd.summary.exists():
+        import json
+
+        summary = json.loads(rd.summary.read_text())
+    trained = model
+    if role == "worker" and final.exists():
+        trained = torch.load(final, weights_only=False)
+    return summary, trained if trained is not None else nn.Module(), rd.path
+
+
+def supervise(cfg: Config, role: str, index: int, workers: int, rd: RunDir, objects: tuple[Any, ...]) -> None:
+    """Run the role in a child process; restart it in place when it dies, up to ``async.restarts``."""
+    ctx = mp.get_context("spawn")
+    for incarnation in range(cfg.async_.restarts + 1):
+        receive, send = ctx.Pipe(duplex=False)  # the child's one-line error, if it has one
+        proc = ctx.Process(
+            target=_child,
+            args=(cfg, role, index, workers, incarnation, str(rd.path), objects, send),
+            name=f"vatra-{role}{index}",
+        )
+        proc.start()
+        send.close()
+        proc.join()
+        said = None
+        try:
+            if receive.poll():
+                said = receive.recv()
+        except EOFError:  # the child left without a word (killed, or an unexpected exception)
+            pass
+        receive.close()
+        if proc.exitcode == 0:
+            return
+        if said is not None and said[1] == 2:  # a config error: the same after any restart
+            raise ConfigError(said[0])
+        rd.log_event(
+            "async_restart", role=role, index=index, exit_code=proc.exitcode, incarnation=incarnation + 1,
+            error=None if said is None else said[0],
+        )  # fmt: skip
+    raise VatraError(
+        f"async {role} {index} died {cfg.async_.restarts + 1} times (last exit code {proc.exitcode}); "
+        "see events.jsonl, or raise async.restarts"
+    )
+
+
+def _child(
+    cfg: Config,
+    role: str,
+    index: int,
+    workers: int,
+    incarnation: int,
+    run_path: str,
+    objects: tuple[Any, ...],
+    errors: Any,
+) -> None:
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    rd = RunDir(Path(run_path))
+    try:
+        store = job_store(cfg.dist.timeout_s, host=False)
+        if role == "server":
+            Server(cfg, index, workers, store, rd, incarnation).run()
+        else:
+            run_worker(cfg, index, workers, store, rd, incarnation, objects)
+    except VatraError as err:
+        errors.send((str(err), err.exit_code))
+        sys.exit(err.exit_code)
+
+
+def run_worker(
+    cfg: Config,
+    index: int,
+    workers: int,
+    store: dist.Store,
+    rd: RunDir,
+    incarnation: int,
+    objects: tuple[Any, ...] = (None, None, None, None, ()),
+) -> dict[str, Any]:
+    """Worker ``index`` of ``workers``: its own share of the data, no process group."""
+    from vatra.api import build_plugins
+
+    model, train, val, loss, extra = objects
+    if cfg.chaos.kill_rank >= workers:  # a server's kill: the server counts its own updates
+        cfg = cfg.model_copy(update={"chaos": cfg.chaos.model_copy(update={"kill_at_steps": []})})
+    if index:  # worker 0 writes the run's records; the others each keep a folder of their own, quietly
+        rd = RunDir(rd.path / "workers" / f"worker-{index}").create()
+        run = cfg.run.model_copy(update={"progress": "off"})
+        monitor = cfg.monitor.model_copy(update={"report": False})
+        cfg = cfg.model_copy(update={"run": run, "monitor": monitor})
+    ctx = DistContext(rank=index, world_size=workers, collective=False)
+    worker = AsyncWorker(cfg, store, cfg.dist.servers, rd, incarnation)
+    trainer = Trainer.from_config(
+        cfg, model=model, train=train, val=val, loss=loss, dist=ctx,
+        plugins=build_plugins(cfg, rd, extra, mode=worker), run_dir=rd,
+    )  # fmt: skip
+    summary = trainer.fit()
+    final = rd.checkpoints / "async" / FINAL  # every worker ends with the servers' final parameters
+    if index == 0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(trainer.model, final)
+    return summary

@@ -1,0 +1,153 @@
+"""dist.mode = async: staleness rules in a scripted interleaving, one worker equals one process,
+and a killed worker or server while the others go on."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tests.conftest import ROOT, small_config
+
+from vatra.asyncdp.ps import Server, ShardServer, staleness_scale
+from vatra.asyncdp.run import FINAL, run_worker
+from vatra.config import AsyncConfig, Config, OptimConfig
+from vatra.engine import Trainer
+from vatra.launch import free_port
+from vatra.rundir import RunDir, read_jsonl
+
+SGD1 = OptimConfig(name="sgd", lr=1.0, momentum=0.0)
+
+
+def test_staleness_is_counted_exactly_in_a_scripted_interleaving() -> None:
+    srv = ShardServer(3, SGD1, AsyncConfig(staleness="none", max_staleness=2))
+    srv.init(torch.zeros(3))
+    g = torch.ones(3)
+    a, b = srv.pull(), srv.pull()  # two workers read version 0
+    r1 = srv.push(g, a.version, lr=1.0)  # A: fresh
+    r2 = srv.push(g, b.version, lr=1.0)  # B: computed on 0, the server is at 1
+    r3 = srv.push(g, r1.version, lr=1.0)  # A again: computed on 1, the server is at 2
+    r4 = srv.push(g, b.version, lr=1.0)  # B's old version once more: 3 updates stale > max 2
+    assert [(r.accepted, r.staleness, r.version) for r in (r1, r2, r3, r4)] == [
+        (True, 0, 1),
+        (True, 1, 2),
+        (True, 1, 3),
+        (False, 3, 3),  # refused: the reply is a pull (fresh parameters, same version)
+    ]
+    assert torch.equal(r4.params, torch.full((3,), -3.0)) and torch.equal(r3.params, r4.params)
+    assert dict(srv.histogram) == {0: 1, 1: 2} and srv.refused == 1
+
+
+@pytest.mark.parametrize(("rule", "want"), [("none", 1.0), ("inverse", 1 / 4), ("exp", math.exp(-0.2 * 3))])
+def test_staleness_rules_scale_the_step(rule: str, want: float) -> None:
+    assert staleness_scale(rule, 3, 0.2) == pytest.approx(want)
+    srv = ShardServer(2, SGD1, AsyncConfig(staleness=rule, staleness_alpha=0.2, max_staleness=0))
+    srv.init(torch.zeros(2))
+    for _ in range(3):
+        srv.push(torch.zeros(2), srv.version, lr=1.0)  # three updates that move nothing
+    before = srv.pull().params
+    reply = srv.push(torch.full((2,), 2.0), 0, lr=0.5)  # τ = 3, no limit
+    assert reply.staleness == 3
+    torch.testing.assert_close(before - reply.params, torch.full((2,), 2.0 * 0.5 * want))
+
+
+def _config() -> Config:
+    return small_config(
+        train={"steps": 6, "batch_size": 8},
+        optim={"name": "sgd", "lr": 0.2, "momentum": 0.9},
+        dist={"mode": "async", "timeout_s": 60},
+        **{"async": {"staleness": "none"}},
+        checkpoint={"enabled": False},
+    )
+
+
+def _role(rank: int, port: int, run: str) -> None:
+    torch.set_num_threads(1)
+    store = dist.PrefixStore("t", dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(60)))
+    cfg, rd = _config(), RunDir(Path(run)).create()
+    if rank == 0:
+        run_worker(cfg, 0, 1, store, rd, 0)
+    else:
+        Server(cfg, 0, 1, store, rd, 0).run()
+
+
+def test_one_worker_without_staleness_equals_one_process(tmp_path: Path) -> None:
+    # Execute: one worker and one server over their gloo pair, and the same run in one process
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    mp.start_processes(_role, args=(port, str(tmp_path)), nprocs=2, start_method="spawn")
+    del store
+    cfg = _config()
+    ref = Trainer.from_config(cfg.model_copy(update={"dist": cfg.dist.model_copy(update={"mode": "sync"})}))
+    ref.fit()
+    # Assert: the server's flat SGD with momentum took the one process's steps
+    got = torch.load(tmp_path / "checkpoints" / "async" / FINAL, weights_only=False)
+    for g, w in zip(got.parameters(), ref.model.parameters(), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["async_staleness"] == {"0": 6} and summary["async_refused"] == 0
+
+
+def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
+    base = ["dist.mode=async", "train.steps=30", "checkpoint.every_steps=10", "run.tensorboard=false"]
+    base += ["dist.timeout_s=60"]  # a hang fails within the test's time
+    args = [a for s in (*base, *sets) for a in ("--set", s)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vatra",
+        "train",
+        "examples/digits.toml",
+        "--nproc",
+        "3",
+        "--run-dir",
+        str(run),
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [*cmd, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _events(run: Path, kind: str) -> list[dict]:
+    return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
+
+
+def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: Path) -> None:
+    # Prepare: 2 workers and a server; one run loses worker 1 after its step 15, the other loses the
+    # server at its 25th update (it saved its shard at update 20: every 10 steps × 2 workers)
+    worker_run, server_run = tmp_path / "worker", tmp_path / "server"
+    hit_worker = _start(worker_run, "chaos.kill_rank=1", "chaos.kill_at_steps=[15]")
+    hit_server = _start(server_run, "chaos.kill_rank=2", "chaos.kill_at_steps=[25]")
+    _, werr = hit_worker.communicate(timeout=300)
+    _, serr = hit_server.communicate(timeout=300)
+    assert hit_worker.returncode == 0, werr[-2000:]
+    assert hit_server.returncode == 0, serr[-2000:]
+    # Assert (worker): only worker 1 restarted; it resumed from its step-10 state, worker 0 went on
+    (restart,) = _events(worker_run, "async_restart")
+    assert (restart["role"], restart["index"], restart["exit_code"]) == ("worker", 1, -9)
+    own = worker_run / "workers" / "worker-1"
+    (resumed,) = _events(own, "async_worker_resumed")
+    assert resumed["step"] == 10
+    steps = [m["step"] for m in read_jsonl(own / "metrics.jsonl") if "loss" in m]
+    before = steps[:-20]  # the kill comes in step 15's on_step_end, before or after its line is written
+    assert steps[-20:] == list(range(11, 31)) and before == list(range(1, len(before) + 1))
+    assert before[-1] in (14, 15)
+    main = [m["step"] for m in read_jsonl(worker_run / "metrics.jsonl") if "loss" in m]
+    assert main == list(range(1, 31))  # worker 0 never stopped or repeated a step
+    # Assert (server): it came back from its last saved shard and the run finished
+    (restart,) = _events(server_run, "async_restart")
+    assert (restart["role"], restart["index"], restart["exit_code"]) == ("server", 0, -9)
+    (back,) = _events(server_run, "async_server_resumed")
+    assert 20 <= back["version"] < 25  # saved at update 20 (or the next, when two arrive at once)
+    assert _events(server_run, "async_link_lost")  # the workers saw it go and found it again
+    summary = json.loads((server_run / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["val_accuracy"] > 0.5
