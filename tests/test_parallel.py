@@ -498,3 +498,12 @@ def test_a_tp_plan_names_real_modules() -> None:
     expected = r"parallel\.tp_plan: 'layers\.\*\.fc1' matches no module of Sequential; module paths"
     with pytest.raises(ConfigError, match=expected):
         resolve_plan(model, {"layers.*.fc1": "colwise"})
+
+
+def test_parallel_layouts_refuse_what_steps_ranks_apart() -> None:
+    with pytest.raises(ConfigError, match=r"but dist\.mode = 'diloco' lets ranks step apart"):
+        _config({"fsdp": 2}, dist={"mode": "diloco"})
+    with pytest.raises(ConfigError, match=r"parallel: uneven per-rank batches \(balance\.method\)"):
+        _config({"tp": 2}, balance={"method": "static"})
+    with pytest.raises(ConfigError, match=r"parallel: train\.precision = 'fp16' needs a gradient scaler"):
+        _config({"pp": 2}, train={"precision": "fp16"})
