@@ -233,10 +233,12 @@ CASES_4 = {
     "fsdp2_pp2_gpipe": {"fsdp": 2, "pp": 2, "schedule": "gpipe"},
     "tp2_pp2_1f1b": {"tp": 2, "pp": 2, "schedule": "1f1b"},
     "trainer_fsdp2_pp2_1f1b": {"fsdp": 2, "pp": 2, "schedule": "1f1b"},
+    "fsdp2_tp2_sequence": {"fsdp": 2, "tp": 2, "sequence_parallel": True},
 }
 CASES_2 = {
     "tp2": {"tp": 2},
     "tp2_user_plan": {"tp": 2, "tp_plan": USER_PLAN},
+    "tp2_sequence": {"tp": 2, "sequence_parallel": True},
     "fsdp2_bf16_offload": {"fsdp": 2, "fsdp_mixed_precision": "bf16", "fsdp_cpu_offload": True},
     "pp2_gpipe": {"pp": 2, "schedule": "gpipe"},
     "pp2_1f1b": {"pp": 2, "schedule": "1f1b"},
@@ -379,6 +381,7 @@ def test_split_balances_measured_costs() -> None:
         ({"pp": 2, "microbatches": 3}, {}, "parallel.microbatches = 3 does not divide train.batch_size = 8"),
         ({"auto": True}, {"name": "mlp"}, "parallel.auto: the planner measures the gpt model's blocks"),
         ({"schedule": "dualpipe"}, {}, "parallel.schedule: Input should be"),
+        ({"sequence_parallel": True}, {}, "parallel.sequence_parallel splits the built-in gpt plan's norms"),
     ],
 )
 def test_impossible_layouts_are_one_line_errors(

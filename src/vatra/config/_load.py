@@ -145,6 +145,12 @@ class Config(Section):
                 f"{self.train.batch_size}: the pipeline averages equal micro-batches' losses; choose a "
                 "batch size that is a multiple of the micro-batch count"
             )
+        if par.sequence_parallel and (par.tp == 1 or par.pp > 1 or par.tp_plan):
+            raise ValueError(
+                "parallel.sequence_parallel splits the built-in gpt plan's norms along the sequence: it "
+                "needs parallel.tp > 1, pp = 1 and no parallel.tp_plan (a user's plan names 'sequence' "
+                "styles itself)"
+            )
         if self.model.name == "gpt":
             heads, layers = self.model.n_head, self.model.n_layer
             if heads % par.tp:

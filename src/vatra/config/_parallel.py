@@ -63,6 +63,11 @@ class ParallelConfig(Section):
         description="A user model's tensor-parallel plan: module path (fnmatch glob, e.g. 'layers.*.fc1') "
         "→ colwise | rowwise | sequence; {} = the built-in plan (gpt).",
     )
+    sequence_parallel: bool = Field(
+        False,
+        description="tp, gpt: LayerNorms and dropout on sequence shards (B, T / tp, C) between the "
+        "matmuls (activation memory / tp; the same bytes as without). Not with pp.",
+    )
     auto: bool = Field(
         False,
         description="Pick dp, fsdp, tp and pp at start with the planner (rank 0 measures the blocks; the "

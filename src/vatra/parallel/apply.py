@@ -109,7 +109,7 @@ def parallelize(
         pipeline = build_pipeline(model, mesh, cfg, loss_fn, example)
         return Parallel(mesh, mesh.data_group(), pipeline)
     if cfg.tp > 1:
-        apply_tp(model, mesh["tp"], cfg.tp_plan)
+        apply_tp(model, mesh["tp"], cfg.tp_plan, sequence_parallel=cfg.sequence_parallel)
     if mesh.data_world > 1:
         apply_fsdp(trainable, mesh.data, cfg, blocks=blocks_of(model))
     return Parallel(mesh, mesh.data_group())

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 
@@ -26,7 +26,9 @@ def total_norm(grads: Iterable[Tensor], pp_group: dist.ProcessGroup | None = Non
     """The 2-norm of all gradients of the whole model, the same on every rank (an fp64 scalar).
 
     A DTensor's local squares are summed over the mesh axes it is sharded on (FSDP's ``dp_shard``,
-    tp's ``tp``) and not over those it is replicated on; plain tensors are replicated. Gradients with
+    tp's ``tp``) and not over those it is replicated on; plain tensors are replicated. A partial
+    gradient (sequence parallelism's LayerNorm weights: each rank's share of the sequence) is summed
+    over its axis first, one all-reduce each. Gradients with
     the same sharding share one all-reduce per axis. ``pp_group``: stages hold disjoint parameters, so
     their sums of squares add up over the pipeline axis.
     """
@@ -36,6 +38,9 @@ def total_norm(grads: Iterable[Tensor], pp_group: dist.ProcessGroup | None = Non
         device = g.device
         groups: tuple[dist.ProcessGroup, ...] = ()
         if isinstance(g, DTensor):
+            if any(p.is_partial() for p in g.placements):  # sequence parallel's norms: sum the parts first
+                whole = [Replicate() if p.is_partial() else p for p in g.placements]
+                g = g.redistribute(g.device_mesh, whole)
             mesh = g.device_mesh
             groups = tuple(mesh.get_group(i) for i, p in enumerate(g.placements) if _sharded(p))
         square = local_tensor(g).detach().double().square().sum()
