@@ -141,8 +141,8 @@ def _pin_layout(cfg: Config, ctx: DistContext, given: str | Path | None) -> Conf
     pinned = cfg.model_copy(update={"parallel": chosen})
     if ctx.is_main:
         print(
-            f"vatra: parallel.auto chose dp {chosen.dp} × fsdp {chosen.fsdp} × tp {chosen.tp} "
-            f"for {ctx.world_size} rank(s) (vatra plan shows the ranking)",
+            f"vatra: parallel.auto chose dp {chosen.dp} × fsdp {chosen.fsdp} × tp {chosen.tp} × "
+            f"pp {chosen.pp} for {ctx.world_size} rank(s) (vatra plan shows the ranking)",
             flush=True,
         )
         if given is not None and RunDir(Path(given)).config.exists():  # vatra train wrote it: pin there

@@ -42,6 +42,5 @@ def plan_command(
             figures = f"{e.step_s:9.4f} {e.comm_s:9.4f} {e.bubble:6.1%} {e.memory_gb:8.3f}"
         else:
             figures = f"{'-':>9} {'-':>9} {'-':>6} {'-':>8}"
-        api_only = e.pp > 1 and cfg.parallel.stages_per_rank > 1
-        verdict = f"no: {e.why}" if e.why else "yes (vatra.parallel API only)" if api_only else "yes"
+        verdict = f"no: {e.why}" if e.why else "yes"
         print(f"{i:>3} {e.dp:>3} {e.fsdp:>4} {e.tp:>3} {e.pp:>3} {e.microbatches:>3} {figures}  {verdict}")

@@ -194,13 +194,9 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
 
             load_agent(cfg.balance.policy, world)
         if not cfg.parallel.is_default() and not cfg.parallel.auto:
-            from vatra.config._parallel import (  # not vatra.parallel: no DTensor yet
-                check_trainer,
-                check_world,
-            )
+            from vatra.config._parallel import check_world  # not vatra.parallel: no DTensor yet
 
             check_world(cfg.parallel, world)
-            check_trainer(cfg.parallel)
 
     for registry, value in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (LOSSES, cfg.train.loss)):
         if value != "auto" and not registry.is_builtin(value):

@@ -125,12 +125,3 @@ def check_world(cfg: ParallelConfig, world_size: int) -> None:
             f"but the job has {world_size} rank(s); make the product equal the world size "
             f"(e.g. --nproc {cfg.size}, or change one of the four)"
         )
-
-
-def check_trainer(cfg: ParallelConfig) -> None:
-    """What the Trainer cannot run (yet), as a ``ConfigError``: pipelines with several stages per rank."""
-    if cfg.pp > 1 and cfg.stages_per_rank > 1:
-        raise ConfigError(
-            f"parallel.schedule = {cfg.schedule!r}: the Trainer runs one pipeline stage per rank "
-            "(gpipe, 1f1b); use vatra.parallel.build_pipeline in your own loop for it (docs/parallel.md)"
-        )

@@ -164,7 +164,7 @@ class Trainer:
                     example=example.to(device),
                 )
                 if self.parallel.pipeline is not None:  # this rank trains its stage of the model
-                    self.model = self.trainable = self.module = self.parallel.pipeline.stages[0]
+                    self.model = self.trainable = self.module = self.parallel.pipeline.module
         # dist.mode = diloco: every rank steps on its own gradients, synchronised by the mode's plugin;
         # hybrid: DDP inside the rank's group
         ddp = cfg.dist.mode in ("sync", "local_sgd", "hybrid")

@@ -1,6 +1,6 @@
 """Models bigger than one device: FSDP2, tensor and pipeline parallelism on one device mesh."""
 
-from vatra.config._parallel import check_trainer, check_world
+from vatra.config._parallel import check_world
 from vatra.parallel.apply import Parallel, parallelize
 from vatra.parallel.fsdp import apply_fsdp, blocks_of
 from vatra.parallel.grads import clip_, total_norm
@@ -19,7 +19,6 @@ __all__ = [
     "apply_tp",
     "blocks_of",
     "build_pipeline",
-    "check_trainer",
     "check_world",
     "clip_",
     "gpt_plan",

@@ -11,7 +11,6 @@ import torch.distributed as dist
 from torch import nn
 
 from vatra.config import ParallelConfig
-from vatra.config._parallel import check_trainer
 from vatra.errors import ConfigError
 from vatra.parallel.fsdp import apply_fsdp, blocks_of
 from vatra.parallel.grads import total_norm
@@ -98,7 +97,6 @@ def parallelize(
     (:func:`build_pipeline`, which applies tp and fsdp to it): ``loss_fn`` and ``example`` (one
     micro-batch of inputs) are what it needs; ``trainable`` must be the model itself.
     """
-    check_trainer(cfg)
     mesh = Mesh.build(cfg, device)
     if cfg.pp > 1:
         if trainable is not model or loss_fn is None or example is None:

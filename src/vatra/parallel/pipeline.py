@@ -72,6 +72,25 @@ class GPTStage(nn.Module):
         return x
 
 
+class StageUnion(nn.Module):
+    """A rank's several stages as one module for the optimizer and checkpoints: the same parameter
+    objects under the whole model's names (``blocks`` merged). It is never run forward."""
+
+    def __init__(self, stages: list[GPTStage]) -> None:
+        super().__init__()
+        blocks: dict[str, nn.Module] = {}
+        for stage in stages:
+            blocks.update(stage.blocks.items())
+            if stage.first:
+                self.tok_emb, self.pos_emb, self.drop = stage.tok_emb, stage.pos_emb, stage.drop
+            if stage.last:
+                self.ln_f, self.head = stage.ln_f, stage.head
+        self.blocks = nn.ModuleDict(dict(sorted(blocks.items(), key=lambda kv: int(kv[0]))))
+
+    def forward(self, *args: object) -> Tensor:
+        raise RuntimeError("StageUnion holds a rank's pipeline stages for checkpoints; it does not run")
+
+
 def stage_ids(pp_rank: int, pp: int, schedule: str, per_rank: int) -> list[int]:
     """The stages a pp rank runs: one; looped (``interleaved_1f1b``: r, r + pp, …); or V-shaped
     (``zero_bubble``: r and 2·pp − 1 − r, so rank 0 holds the first and the last)."""
@@ -92,6 +111,7 @@ class Pipeline:
     split: list[range]
     tied_group: dist.ProcessGroup | None = None  # ranks holding the first and the last stage
     last_owner: int = 0  # pp rank of the last stage
+    owners: list[int] = field(default_factory=list)  # stage id → the pp rank that runs it
     losses: list[Tensor] = field(default_factory=list)
 
     @property
@@ -140,26 +160,35 @@ class Pipeline:
             dist.broadcast(t, group=pp.get_group(), group_src=self.last_owner)
         return t
 
+    @property
+    def module(self) -> nn.Module:
+        """What this rank trains and checkpoints: its stage, or the union of its stages (one set of
+        names, the whole model's, for the optimizer and the state dict)."""
+        return self.stages[0] if len(self.stages) == 1 else StageUnion(self.stages)
+
     @torch.no_grad()
     def forward_only(self, inputs: Tensor) -> Tensor | None:
         """The model's output for ``inputs`` (token ids ``(b, T)``, the same on every pp rank) on the
-        last stage, None elsewhere: each stage's forward in turn, the hidden state ``(b, T, C)`` sent
-        to the next with a plain send/recv. For evaluation, where batch sizes vary and the
-        schedule's stages, which fix their micro-batch shapes at the first step, cannot be used.
-        One stage per rank only (gpipe, 1f1b)."""
-        if len(self.stages) != 1:
-            raise NotImplementedError("forward_only runs one stage per rank (gpipe, 1f1b)")
-        stage, pp = self.stages[0], self.mesh["pp"]
+        rank of the last stage, None elsewhere: every stage's forward in turn, the hidden state
+        ``(b, T, C)`` sent to the next stage's rank with a plain send/recv (kept when the next
+        stage is this rank's too). For evaluation, where batch sizes vary and the schedule's
+        stages, which fix their micro-batch shapes at the first step, cannot be used."""
+        pp = self.mesh["pp"]
         group, me = pp.get_group(), pp.get_local_rank()
-        x = inputs
-        if not stage.first:
-            x = torch.empty(*inputs.shape, stage.width, device=inputs.device)  # (b, T, C)
-            dist.recv(x, group=group, group_src=me - 1)
-        y = stage(x)
-        if not stage.last:
-            dist.send(y.contiguous(), group=group, group_dst=me + 1)
-            return None
-        return y
+        owners = self.owners
+        mine = dict(zip(self.ids, self.stages, strict=True))
+        x: Tensor = inputs
+        for sid in range(self.n_stages):
+            if owners[sid] != me:
+                continue
+            stage = mine[sid]
+            if sid > 0 and owners[sid - 1] != me:
+                x = torch.empty(*inputs.shape, stage.width, device=inputs.device)  # (b, T, C)
+                dist.recv(x, group=group, group_src=owners[sid - 1])
+            x = stage(x)
+            if sid < self.n_stages - 1 and owners[sid + 1] != me:
+                dist.send(x.contiguous(), group=group, group_dst=owners[sid + 1])
+        return x if self.has_last else None
 
     def sync_tied(self) -> None:
         """Sum the gradients of the token embedding (first stage) and the head's copy (last stage)."""
@@ -249,4 +278,9 @@ def build_pipeline(
         multi = MULTI_STAGE[cfg.schedule]
         schedule = multi(stages, n_microbatches=cfg.n_microbatches, loss_fn=loss_fn)
     last_owner = 0 if cfg.schedule == "zero_bubble" else cfg.pp - 1
-    return Pipeline(modules, ids, n_stages, schedule, mesh, split, _tied_group(mesh, last_owner), last_owner)
+    owners = [0] * n_stages
+    for r in range(cfg.pp):
+        for sid in stage_ids(r, cfg.pp, cfg.schedule, per_rank):
+            owners[sid] = r
+    tied = _tied_group(mesh, last_owner)
+    return Pipeline(modules, ids, n_stages, schedule, mesh, split, tied, last_owner, owners)

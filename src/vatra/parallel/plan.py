@@ -203,18 +203,17 @@ def plan(
 
 
 def choose(cfg: Config, world: int) -> ParallelConfig:
-    """``parallel.auto``: the fastest feasible layout the Trainer runs (pipelines only with one stage
-    per rank: gpipe, 1f1b), measured here; a ``ConfigError`` when none fits ``parallel.auto_memory_gb``."""
+    """``parallel.auto``: the fastest feasible layout (with the config's pipeline schedule), measured
+    here; a ``ConfigError`` when none fits ``parallel.auto_memory_gb``."""
     par = cfg.parallel
     ranked = plan(
         measure(cfg), cfg, world, bandwidth=par.auto_bandwidth_gbs * 1e9, memory_gb=par.auto_memory_gb
     )
-    runnable = [e for e in ranked if e.pp == 1 or par.stages_per_rank == 1]
-    best = next((e for e in runnable if e.feasible), None)
+    best = next((e for e in ranked if e.feasible), None)
     if best is None:
+        reasons = "; ".join(f"dp {e.dp} fsdp {e.fsdp} tp {e.tp} pp {e.pp}: {e.why}" for e in ranked[:3])
         raise ConfigError(
-            f"parallel.auto: no layout of {world} ranks the Trainer runs fits: "
-            f"{'; '.join(f'dp {e.dp} fsdp {e.fsdp} tp {e.tp}: {e.why}' for e in runnable[:3])}; raise "
+            f"parallel.auto: no layout of {world} ranks fits: {reasons}; raise "
             "parallel.auto_memory_gb, lower train.batch_size, or add ranks"
         )
     layout = {"dp": best.dp, "fsdp": best.fsdp, "tp": best.tp, "pp": best.pp, "auto": False}
