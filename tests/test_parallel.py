@@ -279,9 +279,10 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
             for steps in (2, STEPS):
                 _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt")
         else:  # pp: the same round trip through the Trainer's pipeline
-            pipelined = {"pp": 2, "schedule": "gpipe"}
-            for steps in (2, STEPS):
-                _checkpoint_case(ctx, pipelined, folder / "run_pp", steps, folder / "pp.pt")
+            for name, schedule in (("pp", "gpipe"), ("pp_interleaved", "interleaved_1f1b")):
+                for steps in (2, STEPS):
+                    pipelined = {"pp": 2, "schedule": schedule}
+                    _checkpoint_case(ctx, pipelined, folder / f"run_{name}", steps, folder / f"{name}.pt")
             _auto_case(ctx, folder / "auto")
     finally:
         ctx.destroy()
@@ -347,7 +348,8 @@ def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: Launched) -> None:
         torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
 
 
-@pytest.mark.parametrize("layout", ["tp", "pp"])  # fsdp 2 × tp 2 on 4 ranks; pp 2 (gpipe) on 2
+# fsdp 2 × tp 2 on 4 ranks; pp 2 with gpipe, and with 2 stages per rank (interleaved_1f1b), on 2
+@pytest.mark.parametrize("layout", ["tp", "pp", "pp_interleaved"])
 def test_checkpoint_round_trip_resumes_exactly(launched: Launched, layout: str) -> None:
     folder, ref = launched[0], launched[1][False]
     loaded, end = torch.load(folder / f"{layout}.pt"), torch.load(folder / f"{layout}.end.pt")
