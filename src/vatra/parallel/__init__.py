@@ -5,9 +5,9 @@ from vatra.parallel.apply import Parallel, parallelize
 from vatra.parallel.fsdp import apply_fsdp, blocks_of
 from vatra.parallel.grads import clip_, total_norm
 from vatra.parallel.mesh import AXES, Mesh
-from vatra.parallel.pipeline import GPTStage, Pipeline, build_pipeline, stage_ids
+from vatra.parallel.pipeline import GPTStage, Pipeline, StageUnion, build_pipeline, stage_ids
 from vatra.parallel.split import measure_block_costs, split_stages
-from vatra.parallel.tp import apply_tp, gpt_plan, resolve_plan
+from vatra.parallel.tp import apply_tp, gpt_plan, gpt_sequence_plan, resolve_plan
 
 __all__ = [
     "AXES",
@@ -15,6 +15,7 @@ __all__ = [
     "Mesh",
     "Parallel",
     "Pipeline",
+    "StageUnion",
     "apply_fsdp",
     "apply_tp",
     "blocks_of",
@@ -22,6 +23,7 @@ __all__ = [
     "check_world",
     "clip_",
     "gpt_plan",
+    "gpt_sequence_plan",
     "measure_block_costs",
     "parallelize",
     "resolve_plan",
