@@ -123,6 +123,33 @@ def _pin_table(cfg: Config, ctx: DistContext) -> Config:
     return cfg.model_copy(update={"data": type(cfg.data).model_validate(data)})
 
 
+def _pin_layout(cfg: Config, ctx: DistContext, given: str | Path | None) -> Config:
+    """``parallel.auto``: the layout a resumed run started with (its run folder's config.toml), else
+    the planner's choice on rank 0 for this world size, the same on every rank; written into the
+    run folder's config.toml, so a resume (or a restart) trains on it again."""
+    if given is not None and RunDir(Path(given)).config.exists():
+        saved = load_config(RunDir(Path(given)).config).parallel
+        if not saved.auto:
+            return cfg.model_copy(update={"parallel": saved})
+
+    def choose() -> dict[str, Any]:
+        from vatra.parallel.plan import choose
+
+        return choose(cfg, ctx.world_size).model_dump()
+
+    chosen = type(cfg.parallel).model_validate(_on_rank0(ctx, choose))
+    pinned = cfg.model_copy(update={"parallel": chosen})
+    if ctx.is_main:
+        print(
+            f"vatra: parallel.auto chose dp {chosen.dp} × fsdp {chosen.fsdp} × tp {chosen.tp} × "
+            f"pp {chosen.pp} for {ctx.world_size} rank(s) (vatra plan shows the ranking)",
+            flush=True,
+        )
+        if given is not None and RunDir(Path(given)).config.exists():  # vatra train wrote it: pin there
+            RunDir(Path(given)).config.write_text(dump_toml(pinned))
+    return pinned
+
+
 def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
     """A ``Config`` from a Config, a dict of sections, or a TOML file's path."""
     if isinstance(config, Config):
@@ -176,6 +203,8 @@ def fit(
     try:
         if train is None and cfg.data.name == "delta":
             cfg = _pin_table(cfg, ctx)
+        if cfg.parallel.auto:
+            cfg = _pin_layout(cfg, ctx, run_dir or os.environ.get(RUN_DIR_ENV))
         rd = resolve_run_dir(cfg, ctx, run_dir or os.environ.get(RUN_DIR_ENV))
         if train is None and cfg.data.name == "delta" and cfg.data.drift_check and not _drift_checked(rd):
             from vatra.data.tables.source import check_drift

@@ -193,6 +193,10 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
             from vatra.balance.ppo import load_agent
 
             load_agent(cfg.balance.policy, world)
+        if not cfg.parallel.is_default() and not cfg.parallel.auto:
+            from vatra.config._parallel import check_world  # not vatra.parallel: no DTensor yet
+
+            check_world(cfg.parallel, world)
 
     for registry, value in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (LOSSES, cfg.train.loss)):
         if value != "auto" and not registry.is_builtin(value):

@@ -14,6 +14,7 @@ from vatra.config._load import (
     parse_override,
 )
 from vatra.config._monitor import HealConfig, MonitorConfig
+from vatra.config._parallel import ParallelConfig
 from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._resilience import CheckpointConfig, ErasureConfig, StoreConfig
 from vatra.config._sections import (
@@ -47,6 +48,7 @@ __all__ = [
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
+    "ParallelConfig",
     "ParamConfig",
     "PartitionConfig",
     "PrivacyConfig",

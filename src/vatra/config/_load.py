@@ -17,6 +17,7 @@ from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
+from vatra.config._parallel import ParallelConfig
 from vatra.config._resilience import CheckpointConfig, StoreConfig
 from vatra.config._sections import (
     DataConfig,
@@ -70,6 +71,7 @@ class Config(Section):
     hybrid: HybridConfig = Field(default_factory=HybridConfig)
     # `async` is a Python keyword: the field is `async_`, read and written as `async` in TOML.
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:
@@ -118,6 +120,75 @@ class Config(Section):
                     "can redo the step with the others), without comm's hooks; set comm.method = 'none' "
                     "and comm.topology = 'auto', or balance.adaptive = false"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_layout(self) -> Config:
+        """What the mesh can split and what runs beside it; the world size is checked at start."""
+        par = self.parallel
+        if par.is_default():
+            return self
+        if par.auto and self.model.name != "gpt":  # auto replaces dp, fsdp, tp and pp at start
+            raise ValueError(
+                f"parallel.auto: the planner measures the gpt model's blocks, not "
+                f"{self.model.name!r}; set parallel.dp, fsdp and tp yourself"
+            )
+        if par.pp > 1 and par.n_microbatches < par.pp:
+            raise ValueError(
+                f"parallel.microbatches = {par.n_microbatches} is fewer than parallel.pp = {par.pp} "
+                f"stages, so some stages never run at once; set parallel.microbatches ≥ {par.pp} "
+                f"(2 × pp = {2 * par.pp} keeps the bubble (p − 1)/(m + p − 1) under 1/3)"
+            )
+        if par.pp > 1 and self.train.batch_size % par.n_microbatches:
+            raise ValueError(
+                f"parallel.microbatches = {par.n_microbatches} does not divide train.batch_size = "
+                f"{self.train.batch_size}: the pipeline averages equal micro-batches' losses; choose a "
+                "batch size that is a multiple of the micro-batch count"
+            )
+        if par.sequence_parallel and (par.tp == 1 or par.pp > 1 or par.tp_plan):
+            raise ValueError(
+                "parallel.sequence_parallel splits the built-in gpt plan's norms along the sequence: it "
+                "needs parallel.tp > 1, pp = 1 and no parallel.tp_plan (a user's plan names 'sequence' "
+                "styles itself)"
+            )
+        if self.model.name == "gpt":
+            heads, layers = self.model.n_head, self.model.n_layer
+            if heads % par.tp:
+                raise ValueError(
+                    f"parallel.tp = {par.tp} does not divide model.n_head = {heads}: tensor parallelism "
+                    "gives each rank whole attention heads; choose a tp that divides n_head"
+                )
+            chunks = par.pp * par.stages_per_rank
+            if chunks > layers:
+                raise ValueError(
+                    f"parallel.pp = {par.pp} with {par.stages_per_rank} stage(s) per rank needs "
+                    f"{chunks} blocks, but model.n_layer = {layers}; lower parallel.pp or use a "
+                    "schedule with one stage per rank (gpipe, 1f1b)"
+                )
+        if not par.enabled and not par.auto:
+            return self
+        if self.dist.mode != "sync":
+            raise ValueError(
+                f"parallel: fsdp, tp and pp train one model in lockstep over the mesh, but dist.mode = "
+                f"{self.dist.mode!r} lets ranks step apart; set dist.mode = 'sync', or "
+                "parallel.fsdp = tp = pp = 1"
+            )
+        if self.comm.method != "none" or self.comm.topology in ("ring", "hierarchical"):
+            raise ValueError(
+                "parallel: fsdp, tp and pp reduce gradients over the device mesh, without DDP's comm "
+                "hooks; set comm.method = 'none' and comm.topology = 'auto', or parallel.fsdp = tp = pp = 1"
+            )
+        if self.balance.method != "off":
+            raise ValueError(
+                "parallel: uneven per-rank batches (balance.method) need plain data parallelism; set "
+                "balance.method = 'off', or parallel.fsdp = tp = pp = 1"
+            )
+        if self.train.precision == "fp16":
+            raise ValueError(
+                "parallel: train.precision = 'fp16' needs a gradient scaler for sharded gradients, "
+                "which vatra does not have; use train.precision = 'bf16' or "
+                "parallel.fsdp_mixed_precision = 'fp16'"
+            )
         return self
 
     @model_validator(mode="after")
@@ -179,6 +250,12 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
                 f"{', '.join(ignored)}: a federated run reads no [checkpoint] or [store] keys (the "
                 "server saves its whole state to <run>/checkpoints/server.safetensors after every "
                 "round); remove them"
+            )
+        if written("parallel"):
+            raise ConfigError(
+                f"{', '.join(f'parallel.{k}' for k in written('parallel'))}: a federated run reads no "
+                "[parallel] keys (each client trains its whole model in one process); remove the "
+                "[parallel] section"
             )
         if written("balance"):
             raise ConfigError(

@@ -9,7 +9,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from vatra.errors import ConfigError
 from vatra.losses import FunctionLoss, build_loss, build_metrics, resolve_task
 from vatra.models import build_model
 from vatra.rundir import RunDir
+
+if TYPE_CHECKING:
+    from vatra.parallel import Parallel
 
 # A skipped update (healing) steps the schedule without optimizer.step(): intended, not a mistake.
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
@@ -138,9 +141,34 @@ class Trainer:
         if any(True for _ in self.loss.parameters()):
             self.trainable = Objective(self.model, self.loss)
         self.module: nn.Module = self.trainable  # what runs forward: the DDP wrapper when distributed
+        self._pipeline_scale = 1.0  # parallel.pp: the scale of the current micro-step's loss
+        # parallel.fsdp/tp: the model is sharded in place over a device mesh, instead of wrapped in DDP
+        self.parallel: Parallel | None = None
+        if not cfg.parallel.is_default():
+            from vatra.config._parallel import check_world
+
+            check_world(cfg.parallel, self.dist.world_size)
+            if cfg.parallel.enabled:
+                from vatra.parallel import parallelize  # DTensor's machinery: only when asked for
+
+                # pp: one micro-batch of token ids to time the blocks on (pipelines split gpt only)
+                micro = max(1, cfg.train.batch_size // cfg.parallel.n_microbatches)
+                vocab = max(spec.num_classes, 1)
+                example = torch.randint(0, vocab, (micro, *spec.input_shape), generator=torch.Generator())
+                self.parallel = parallelize(
+                    cfg.parallel,
+                    self.trainable,
+                    self.model,
+                    device,
+                    loss_fn=self._pipeline_loss,
+                    example=example.to(device),
+                )
+                if self.parallel.pipeline is not None:  # this rank trains its stage of the model
+                    self.model = self.trainable = self.module = self.parallel.pipeline.module
         # dist.mode = diloco: every rank steps on its own gradients, synchronised by the mode's plugin;
         # hybrid: DDP inside the rank's group
-        if self.dist.distributed and cfg.dist.mode in ("sync", "local_sgd", "hybrid"):
+        ddp = cfg.dist.mode in ("sync", "local_sgd", "hybrid")
+        if self.dist.distributed and self.parallel is None and ddp:
             ids = [device.index] if device.type == "cuda" else None
             group = self._hybrid_group() if cfg.dist.mode == "hybrid" else None
             self.module = DDP(
@@ -171,13 +199,25 @@ class Trainer:
         assert group is not None
         return group
 
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank reads: its rank, or under ``parallel`` its index among
+        the data-parallel ranks (tensor-parallel and pipeline peers read the same batches)."""
+        return self.dist.rank if self.parallel is None else self.parallel.data_rank
+
+    @property
+    def data_world(self) -> int:
+        """Ranks that read different data: the world size, or ``parallel.dp × parallel.fsdp``."""
+        return self.dist.world_size if self.parallel is None else self.parallel.data_world
+
     def _train_batches(self) -> Batches:
         """This rank's batches: sampled from its shard (map-style) or read from its share (streams)."""
-        cfg, ctx = self.cfg, self.dist
+        cfg = self.cfg
+        rank, world = self.data_rank, self.data_world
         opts: dict[str, Any] = {
             "workers": cfg.data.workers,
             "prefetch_factor": cfg.data.prefetch_factor,
-            "device": ctx.device,
+            "device": self.dist.device,
         }
         data = self.train_data
         balanced = cfg.balance.method != "off"
@@ -189,15 +229,15 @@ class Trainer:
             )
         if balanced and self.sampler is None:
             try:
-                sizes = cfg.balance.sizes(ctx.world_size, cfg.train.batch_size)
+                sizes = cfg.balance.sizes(world, cfg.train.batch_size)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-            self.sampler = GlobalBatchSampler(np.arange(len(data)), sizes, ctx.rank, seed=cfg.run.seed)
+            self.sampler = GlobalBatchSampler(np.arange(len(data)), sizes, rank, seed=cfg.run.seed)
         if isinstance(data, StreamDataset):
             return StreamBatches(
                 data,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
+                rank=rank,
+                world_size=world,
                 batch_size=cfg.train.batch_size,
                 seed=cfg.run.seed,
                 **opts,
@@ -208,15 +248,14 @@ class Trainer:
             shards = partition(
                 len(data),
                 getattr(data, "labels", None),
-                ctx.world_size,
+                world,
                 cfg.data.sharding,
                 seed=cfg.run.seed,
                 alpha=cfg.data.alpha,
                 classes_per_shard=cfg.data.classes_per_shard,
             )
-            self.sampler = ShardSampler(
-                shards[ctx.rank], cfg.train.batch_size, seed=rank_seed(cfg.run.seed, ctx.rank)
-            )
+            seed = rank_seed(cfg.run.seed, rank)
+            self.sampler = ShardSampler(shards[rank], cfg.train.batch_size, seed=seed)
         return MapBatches(data, self.sampler, **opts)
 
     @classmethod
@@ -258,7 +297,9 @@ class Trainer:
             seed_everything(seed)  # identical initial weights on every rank
             heads = {name: h.size for name, h in cfg.train.multitask.heads.items()}
             model = build_model(cfg.model, spec, heads)
-        seed_everything(rank_seed(seed, ctx.rank))  # per-rank dropout and anything random after
+        # per-rank dropout and anything random after; tensor-parallel and pipeline peers draw alike
+        # (their replicated activations must stay equal)
+        seed_everything(rank_seed(seed, cfg.parallel.data_rank(ctx.rank)))
         return cls(cfg, model, train, val, spec, loss=loss, dist=ctx, plugins=plugins, run_dir=run_dir)
 
     # ------------------------------------------------------------------ loop
@@ -305,6 +346,8 @@ class Trainer:
             loss_sum, data_time, fwd_bwd_time = self._guarded_micro_steps(accum)
         else:
             loss_sum, data_time, fwd_bwd_time = self._micro_steps(accum, self.module)
+        if self.parallel is not None:
+            self.parallel.after_backward()  # pp: the tied weights' gradients, summed once per step
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
         state.extras["grad_norm"] = grad_norm  # pre-clip and identical on every rank: healing decides on it
@@ -464,7 +507,13 @@ class Trainer:
         self, inputs: Any, target: Any, *, scale: float = 1.0, module: nn.Module | None = None
     ) -> torch.Tensor:
         """Loss of one micro-batch and its gradient (scaled by ``scale``); returns the detached loss.
-        ``module``: what runs forward (default: the DDP wrapper when distributed)."""
+        ``module``: what runs forward (default: the DDP wrapper when distributed). Under ``parallel.pp``
+        the pipeline schedule runs forward and backward of the batch's pipeline micro-batches."""
+        pipeline = self.parallel.pipeline if self.parallel is not None else None
+        if pipeline is not None:
+            self._pipeline_scale = scale
+            with self._autocast():
+                return pipeline.step(inputs, target, sync_tied=False) / scale
         module = self.module if module is None else module
         with self._autocast():
             if self.trainable is self.model:
@@ -479,7 +528,7 @@ class Trainer:
         """Samples per micro-step over all ranks."""
         if isinstance(self.sampler, GlobalBatchSampler):
             return self.sampler.global_batch
-        return self.cfg.train.batch_size * self.dist.world_size
+        return self.cfg.train.batch_size * self.data_world
 
     @property
     def loss_weight(self) -> float:
@@ -489,6 +538,10 @@ class Trainer:
         if isinstance(self.sampler, GlobalBatchSampler):
             return self.dist.world_size * self.sampler.batch_size / self.sampler.global_batch
         return 1.0
+
+    def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The last pipeline stage's loss of one pipeline micro-batch, scaled as the micro-step's."""
+        return self.loss(output, target) * self._pipeline_scale
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -508,6 +561,13 @@ class Trainer:
         """
         self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self._params if p.grad is not None]
+        if self.parallel is not None:  # sharded gradients: their squares summed over the mesh
+            from vatra.parallel import clip_
+
+            total = self.parallel.grad_norm(grads)
+            if self.cfg.train.clip_grad_norm:
+                clip_(grads, self.cfg.train.clip_grad_norm, total)
+            return total
         if grads and all(g.device == grads[0].device and g.dtype == grads[0].dtype for g in grads):
             # one fused kernel over all gradients; get_total_norm's grouping costs ~80 us more here
             norm = torch.stack(torch._foreach_norm(grads, 2.0)).norm()
@@ -526,30 +586,47 @@ class Trainer:
         self.module.eval()
         metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss).to(self.dist.device)
         alone = not self.dist.distributed  # without collectives: the whole validation set here
-        batches = eval_batches(
-            self.val_data,
-            rank=0 if alone else self.dist.rank,
-            world_size=1 if alone else self.dist.world_size,
-            batch_size=self.cfg.train.eval_batch_size,
-            workers=self.cfg.data.workers,
-            device=self.dist.device,
+        batches: Iterable[tuple[Batch, bool]] = (
+            (batch, True)
+            for batch in eval_batches(
+                self.val_data,
+                rank=0 if alone else self.data_rank,
+                world_size=1 if alone else self.data_world,
+                batch_size=self.cfg.train.eval_batch_size,
+                workers=self.cfg.data.workers,
+                device=self.dist.device,
+            )
         )
+        if self.parallel is not None and self.data_world > 1:
+            batches = self.parallel.lockstep(batches)
         with self._autocast():
-            for inputs, target in batches:
-                # the plain module: evaluation needs no gradient sync
-                metrics.update(call_model(self.model, inputs), target)
+            for (inputs, target), counted in batches:
+                # the plain module: evaluation needs no gradient sync (pp: None but on the last stage)
+                output = self._eval_forward(inputs)
+                if counted and output is not None:
+                    metrics.update(output, target)
         if self.dist.distributed and not self.spec.num_classes:
             # A rank with no validation batch cannot size its sums: agree on the class count first.
             known = torch.tensor([metrics.num_classes], dtype=torch.int64)
             torch.distributed.all_reduce(known, op=torch.distributed.ReduceOp.MAX)
             metrics.num_classes = int(known.item())
         totals = metrics.state()
-        self.dist.all_reduce_sum(totals)
+        if self.parallel is None:
+            self.dist.all_reduce_sum(totals)
+        else:  # over the data-parallel ranks only: their peers evaluated the same batches
+            torch.distributed.all_reduce(totals, group=self.parallel.data_group)
+            if self.parallel.pipeline is not None:  # the last stage's sums, on every stage
+                self.parallel.pipeline.from_last(totals)
         self.module.train()
         values = {f"val_{k}": v for k, v in metrics.compute(totals).items()}
         self.state.last_eval = values
         self.plugins.on_eval_end(self, values)
         return values
+
+    def _eval_forward(self, inputs: Any) -> Any:
+        if self.parallel is not None and self.parallel.pipeline is not None:
+            return self.parallel.pipeline.forward_only(inputs)
+        return call_model(self.model, inputs)
 
     # --------------------------------------------------------------- helpers
     def log_event(self, kind: str, **fields: Any) -> None:

@@ -12,24 +12,30 @@ from vatra.errors import ConfigError
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention.
+
+    The fused ``qkv`` projection's output rows are head-major, ``(head, q|k|v, head_dim)``, so that
+    splitting them in contiguous chunks (column-wise tensor parallelism) gives each rank whole heads
+    with their own q, k and v; :mod:`vatra.parallel.tp` then sets ``n_head`` to the rank's share.
+    """
+
     def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
         super().__init__()
-        self.n_head = n_head
+        self.n_head = n_head  # heads this module computes (n_head / tp under tensor parallelism)
+        self.head_dim = n_embd // n_head
         self.dropout = dropout
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
-        q, k, v = (
-            t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v)
-        )  # (B, H, T, D)
+        B, T, _ = x.shape
+        qkv = self.qkv(x).view(B, T, self.n_head, 3, self.head_dim)  # (B, T, H, 3, D)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # 3 x (B, H, T, D)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, H·D)
         return self.resid_drop(self.proj(y))
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from vatra.engine.trainer import seed_everything
 from vatra.errors import ConfigError
@@ -194,10 +194,17 @@ def _load_shared(trainer: Trainer, blob: StateDict) -> None:
     trainer.state.train_time_s = float(ts["train_time_s"])
 
 
+def _options(trainer: Trainer) -> StateDictOptions:
+    """Under ``parallel`` (fsdp, tp, pp) the optimizer's param groups are flattened into one key per
+    parameter: pipeline stages hold different parameters, and DCP would keep only one rank's copy
+    of a nested ``param_groups``. Plain DDP runs keep the nested form their checkpoints have."""
+    return StateDictOptions(flatten_optimizer_state_dict=getattr(trainer, "parallel", None) is not None)
+
+
 def model_optim_state(trainer: Trainer) -> StateDict:
     """Model (with a loss's learned parameters) and optimizer state keyed by parameter names (FQNs),
     views of the live tensors."""
-    msd, osd = get_state_dict(trainer.trainable, trainer.optimizer)
+    msd, osd = get_state_dict(trainer.trainable, trainer.optimizer, options=_options(trainer))
     return {"model": msd, "optim": osd}
 
 
@@ -254,5 +261,9 @@ def dcp_load(trainer: Trainer, folder: Path, group: dist.ProcessGroup | None) ->
     with _single_process_ok():
         dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
     set_state_dict(
-        trainer.trainable, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        trainer.trainable,
+        trainer.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_options(trainer),
     )

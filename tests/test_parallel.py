@@ -1,0 +1,508 @@
+"""vatra.parallel on gloo (CPU): every layout trains as the unsplit model does in one process.
+
+Two launches (4 ranks, then 2) each run several layouts one after the other on the same process
+group; the parent trains the reference once (one process, the whole global batch) and compares
+each layout's per-step loss, global gradient norm and parameters after the steps.
+
+Tolerances (fp32): losses and norms rtol 1e-5 / atol 1e-6 — the splits change only the order of
+fp32 sums (FSDP's reduce-scatter, TP's all-reduce of partial products, micro-batch means);
+parameters after 3 SGD-momentum steps rtol 1e-4 / atol 1e-5, as those differences compound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tests.conftest import ROOT, small_config, vatra_in_process
+from torch.distributed.tensor import DTensor
+from torch.utils.data import TensorDataset
+
+import vatra
+from vatra.config import Config, config_from_dict, load_config
+from vatra.data import DatasetSpec, ShardSampler
+from vatra.engine import DistContext, Plugin, Trainer, seed_everything
+from vatra.engine.optim import build_optimizer
+from vatra.errors import ConfigError
+from vatra.losses import build_loss
+from vatra.models import build_model
+from vatra.parallel import (
+    Mesh,
+    build_pipeline,
+    clip_,
+    resolve_plan,
+    split_stages,
+    total_norm,
+)
+from vatra.parallel.plan import Costs, choose, layouts, plan
+from vatra.resilience import CheckpointPlugin
+from vatra.rundir import RunDir
+
+VOCAB, SEQ, STEPS, BATCH = 32, 8, 3, 8  # BATCH: samples per step over all data-parallel ranks
+SPEC = DatasetSpec(kind="lm", input_shape=(SEQ,), num_classes=VOCAB)
+LOSS_TOL = {"rtol": 1e-5, "atol": 1e-6}
+PARAM_TOL = {"rtol": 1e-4, "atol": 1e-5}
+Launched = tuple[Path, dict[bool, list[dict[str, Any]]]]  # results folder; references (gpt, user model)
+CLIP = 0.5  # below the first steps' gradient norms: clipping over sharded gradients is exercised
+
+
+def _config(parallel: dict[str, Any], **sections: dict[str, Any]) -> Config:
+    raw: dict[str, Any] = {
+        "run": {"progress": "off", "tensorboard": False},
+        "model": {"name": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 32},
+        "train": {
+            "steps": STEPS,
+            "batch_size": BATCH,
+            "eval_every": 0,
+            "eval_batch_size": 5,
+            "clip_grad_norm": CLIP,
+        },
+        "optim": {"name": "sgd", "lr": 0.1},
+        "parallel": parallel,
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    cfg = config_from_dict(raw)
+    data_world = cfg.parallel.dp * cfg.parallel.fsdp
+    cfg.train.batch_size = BATCH // data_world  # per rank: every layout trains on the same global batch
+    return cfg
+
+
+def _data(n: int = STEPS * BATCH, seed: int = 1) -> TensorDataset:
+    tokens = torch.randint(0, VOCAB, (n, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])  # (N, T) inputs, next tokens as targets
+
+
+def _val() -> TensorDataset:
+    """22 samples in batches of 5: 4 ranks' strided shares (6, 6, 5, 5) take 2, 2, 1, 1 batches, so
+    FSDP's collective forward needs the padded lockstep."""
+    return _data(22, seed=2)
+
+
+def _indices(data_rank: int, data_world: int) -> np.ndarray:
+    """Data rank d's slice of every global batch: batch i = samples [i·BATCH, (i+1)·BATCH)."""
+    glob = np.arange(STEPS * BATCH).reshape(STEPS, data_world, BATCH // data_world)
+    return glob[:, data_rank, :].reshape(-1)
+
+
+def _gpt(cfg: Config) -> torch.nn.Module:
+    seed_everything(0)  # the same initial weights on every rank and in the reference
+    return build_model(cfg.model, SPEC)
+
+
+USER_PLAN = {"1": "colwise", "3": "rowwise"}  # a user's model: its MLP split by parallel.tp_plan
+
+
+def _user_model(cfg: Config) -> torch.nn.Module:
+    seed_everything(0)
+    width = cfg.model.n_embd
+    return torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, width),  # (B, T) → (B, T, C)
+        torch.nn.Linear(width, 4 * width),  # colwise: (B, T, 4C / tp) on each rank
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * width, width),  # rowwise: partial sums all-reduced to (B, T, C)
+        torch.nn.Linear(width, VOCAB),
+    )
+
+
+def _trainer(
+    cfg: Config,
+    ctx: DistContext | None,
+    plugins: list[Plugin] | None = None,
+    user: bool = False,
+    **kw: Any,
+) -> Trainer:
+    par = cfg.parallel
+    rank = ctx.rank if ctx is not None else 0
+    sampler = ShardSampler(
+        _indices(par.data_rank(rank), par.dp * par.fsdp), cfg.train.batch_size, seed=0, shuffle=False
+    )
+    model = _user_model(cfg) if user else _gpt(cfg)
+    return Trainer(cfg, model, _data(), _val(), SPEC, sampler, dist=ctx, plugins=plugins or [], **kw)
+
+
+def _full(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective for sharded modules: every parameter whole, by name."""
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+        for k, v in module.state_dict().items()
+    }
+
+
+def _gather(obj: Any) -> list[Any]:
+    box: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(box, obj)
+    return box
+
+
+# ------------------------------------------------------------------ worker cases
+def _train_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
+    """The Trainer under a layout: its metrics and whole parameters after STEPS steps (pp: each
+    rank's stage, merged)."""
+    trainer = _trainer(_config(parallel), ctx, user="tp_plan" in parallel)
+    steps = [trainer.train_step() for _ in range(STEPS)]
+    state: dict[str, torch.Tensor] = {}
+    for part in _gather(_full(trainer.model)):
+        state.update(part)
+    losses = _gather([m["loss"] for m in steps])  # each rank's own mean loss
+    return {
+        "losses": np.mean(losses, axis=0).tolist(),
+        "norms": [m["grad_norm"] for m in steps],
+        "state": state,
+        "eval": trainer.evaluate(),
+    }
+
+
+def _pipeline_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
+    """A pipelined gpt through vatra.parallel's API, the loop a user writes."""
+    cfg = _config(parallel)
+    par = cfg.parallel
+    mesh = Mesh.build(par, ctx.device)
+    x, y = _data()[_indices(mesh.data_rank, mesh.data_world)]
+    loss_fn = build_loss(cfg.train, SPEC)
+    example = x[: cfg.train.batch_size // par.n_microbatches]
+    pipe = build_pipeline(_gpt(cfg), mesh, par, loss_fn, example)
+    params = list(pipe.parameters())
+    optimizer = build_optimizer(params, cfg.optim)
+    losses, norms = [], []
+    for step in range(STEPS):
+        rows = slice(step * cfg.train.batch_size, (step + 1) * cfg.train.batch_size)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(pipe.step(x[rows], y[rows])))
+        counted = [p.grad for p in pipe.norm_parameters() if p.grad is not None]
+        norm = float(total_norm(counted, mesh["pp"].get_group()))
+        clip_([p.grad for p in params if p.grad is not None], CLIP, norm)
+        optimizer.step()
+        norms.append(norm)
+    state: dict[str, torch.Tensor] = {}
+    for stage in pipe.stages:
+        state.update(_full(stage))
+    merged: dict[str, torch.Tensor] = {}
+    for part in _gather(state):
+        merged.update(part)
+    return {"losses": np.mean(_gather(losses), axis=0).tolist(), "norms": norms, "state": merged}
+
+
+class _Loaded(Plugin):
+    """Records the whole parameters right after the checkpoint plugin resumed (it runs first)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        self._save(trainer, self.out)
+
+    def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
+        self._save(trainer, self.out.with_suffix(".end.pt"))
+
+    @staticmethod
+    def _save(trainer: Trainer, path: Path) -> None:
+        state: dict[str, torch.Tensor] = {}
+        for part in _gather(_full(trainer.model)):  # pp: every stage's parameters
+            state.update(part)
+        if trainer.dist.is_main:
+            torch.save({"step": trainer.state.step, "state": state}, path)
+
+
+def _checkpoint_case(ctx: DistContext, parallel: dict[str, Any], run: Path, steps: int, out: Path) -> None:
+    """Train to ``steps`` under the layout with checkpoints in ``run`` (a saved run resumes)."""
+    cfg = _config(parallel, train={"steps": steps}, checkpoint={"every_steps": 0})
+    rd = RunDir(run)
+    if ctx.is_main:
+        rd.create()
+    ctx.barrier()
+    _trainer(cfg, ctx, [CheckpointPlugin(cfg, rd), _Loaded(out)], run_dir=rd).fit()
+
+
+CASES_4 = {
+    "fsdp4": {"fsdp": 4},
+    "fsdp2_tp2": {"fsdp": 2, "tp": 2},
+    "dp2_tp2": {"dp": 2, "tp": 2},
+    "pp4_gpipe": {"pp": 4, "schedule": "gpipe"},
+    "pp4_1f1b": {"pp": 4, "schedule": "1f1b"},
+    "dp2_pp2_1f1b": {"dp": 2, "pp": 2, "schedule": "1f1b"},
+    "fsdp2_pp2_gpipe": {"fsdp": 2, "pp": 2, "schedule": "gpipe"},
+    "tp2_pp2_1f1b": {"tp": 2, "pp": 2, "schedule": "1f1b"},
+    "trainer_fsdp2_pp2_1f1b": {"fsdp": 2, "pp": 2, "schedule": "1f1b"},
+    "fsdp2_tp2_sequence": {"fsdp": 2, "tp": 2, "sequence_parallel": True},
+}
+CASES_2 = {
+    "tp2": {"tp": 2},
+    "tp2_user_plan": {"tp": 2, "tp_plan": USER_PLAN},
+    "tp2_sequence": {"tp": 2, "sequence_parallel": True},
+    "fsdp2_bf16_offload": {"fsdp": 2, "fsdp_mixed_precision": "bf16", "fsdp_cpu_offload": True},
+    "pp2_gpipe": {"pp": 2, "schedule": "gpipe"},
+    "pp2_1f1b": {"pp": 2, "schedule": "1f1b"},
+    "pp2_interleaved": {"pp": 2, "schedule": "interleaved_1f1b"},
+    "pp2_zero_bubble": {"pp": 2, "schedule": "zero_bubble"},
+    "trainer_pp2_gpipe": {"pp": 2, "schedule": "gpipe"},
+    "trainer_pp2_interleaved": {"pp": 2, "schedule": "interleaved_1f1b"},
+    "trainer_pp2_zero_bubble": {"pp": 2, "schedule": "zero_bubble"},
+}
+
+
+def _auto_case(ctx: DistContext, run: Path) -> None:
+    """``vatra.fit`` with ``parallel.auto`` on this job's process group (RANK and WORLD_SIZE say so)."""
+    os.environ.update(RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world_size))
+    sections: dict[str, dict[str, Any]] = {
+        "train": {"task": "lm", "steps": 2},
+        "checkpoint": {"enabled": False},
+        "monitor": {"enabled": False},
+    }
+    cfg = _config({"auto": True}, **sections)
+    vatra.fit(cfg, model=_gpt(cfg), train=_data(), val=None, run_dir=run)
+
+
+def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = DistContext.init(small_config().dist, rank=rank, world_size=world, init_method=f"file://{rdzv}")
+    folder, run = Path(out), Path(out) / "run"
+    try:
+        cases = CASES_4 if world == 4 else CASES_2
+        for name, parallel in cases.items():
+            case = _pipeline_case if "pp" in parallel and not name.startswith("trainer") else _train_case
+            result = case(ctx, parallel)
+            if rank == 0:
+                torch.save(result, folder / f"{name}.pt")
+        # a checkpoint of fsdp = 4 after 2 steps, resumed on fsdp = 2 (DCP reshards on load)
+        steps = 2 if world == 4 else STEPS
+        _checkpoint_case(ctx, {"fsdp": world}, run, steps, folder / f"loaded{world}.pt")
+        if world == 4:  # fsdp × tp: saved after 2 steps, resumed on the same layout, one more step
+            for steps in (2, STEPS):
+                _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt")
+        else:  # pp: the same round trip through the Trainer's pipeline
+            for name, schedule in (("pp", "gpipe"), ("pp_interleaved", "interleaved_1f1b")):
+                for steps in (2, STEPS):
+                    pipelined = {"pp": 2, "schedule": schedule}
+                    _checkpoint_case(ctx, pipelined, folder / f"run_{name}", steps, folder / f"{name}.pt")
+            _auto_case(ctx, folder / "auto")
+    finally:
+        ctx.destroy()
+
+
+def _launch(world: int, folder: Path) -> None:
+    mp.start_processes(_worker, args=(world, str(folder / f"rdzv{world}"), str(folder)), nprocs=world)
+
+
+def _reference(user: bool = False) -> list[dict[str, Any]]:
+    """The unsplit model in one process: metrics and parameters after each step."""
+    trainer = _trainer(_config({}), None, user=user)
+    out = []
+    for _ in range(STEPS):
+        metrics = trainer.train_step()
+        out.append({"loss": metrics["loss"], "norm": metrics["grad_norm"], "state": _full(trainer.model)})
+    out[-1]["eval"] = trainer.evaluate()
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launched:
+    folder = tmp_path_factory.mktemp("parallel")
+    _launch(4, folder)
+    _launch(2, folder)
+    return folder, {False: _reference(), True: _reference(user=True)}
+
+
+def _same_training(got: dict[str, Any], ref: list[dict[str, Any]], param_tol: dict[str, float]) -> None:
+    torch.testing.assert_close(got["losses"], [r["loss"] for r in ref], **LOSS_TOL)
+    torch.testing.assert_close(got["norms"], [r["norm"] for r in ref], **LOSS_TOL)
+    want = ref[-1]["state"]
+    assert set(got["state"]) == set(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got["state"][name], tensor, **param_tol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("name", [n for n in [*CASES_4, *CASES_2] if "bf16" not in n])
+def test_layout_trains_as_the_unsplit_model(launched: Launched, name: str) -> None:
+    folder, refs = launched
+    ref = refs["user" in name]
+    got = torch.load(folder / f"{name}.pt")
+    _same_training(got, ref, PARAM_TOL)
+    if "eval" in got:  # the Trainer's evaluation: each data-parallel share once, summed over them
+        assert got["eval"].keys() == ref[-1]["eval"].keys()
+        torch.testing.assert_close(got["eval"], ref[-1]["eval"], **PARAM_TOL)
+
+
+def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: Launched) -> None:
+    folder, ref = launched[0], launched[1][False]
+    got = torch.load(folder / "fsdp2_bf16_offload.pt")
+    # bf16 parameters in forward and backward (8 bits of mantissa), fp32 master weights and reduction
+    torch.testing.assert_close(got["losses"], [r["loss"] for r in ref], rtol=2e-2, atol=0.0)
+    for name, tensor in ref[-1]["state"].items():
+        torch.testing.assert_close(got["state"][name], tensor, rtol=0.0, atol=2e-3, msg=name)
+
+
+def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: Launched) -> None:
+    folder, ref = launched[0], launched[1][False]
+    saved, loaded = torch.load(folder / "loaded4.pt"), torch.load(folder / "loaded2.pt")
+    assert saved["step"] == 0 and loaded["step"] == 2
+    for name, tensor in ref[1]["state"].items():  # the parameters after step 2, resharded 4 → 2
+        torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
+
+
+# fsdp 2 × tp 2 on 4 ranks; pp 2 with gpipe, and with 2 stages per rank (interleaved_1f1b), on 2
+@pytest.mark.parametrize("layout", ["tp", "pp", "pp_interleaved"])
+def test_checkpoint_round_trip_resumes_exactly(launched: Launched, layout: str) -> None:
+    folder, ref = launched[0], launched[1][False]
+    loaded, end = torch.load(folder / f"{layout}.pt"), torch.load(folder / f"{layout}.end.pt")
+    assert loaded["step"] == 2 and end["step"] == STEPS
+    for name, tensor in ref[1]["state"].items():
+        torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
+    for name, tensor in ref[-1]["state"].items():  # same layout: the same data order continues
+        torch.testing.assert_close(end["state"][name], tensor, **PARAM_TOL, msg=name)
+
+
+# ------------------------------------------------------------------ single process
+def test_split_balances_measured_costs() -> None:
+    assert split_stages([1.0] * 4, 2) == [range(0, 2), range(2, 4)]
+    assert split_stages([4.0, 1.0, 1.0, 1.0, 1.0], 2) == [range(0, 1), range(1, 5)]
+    assert split_stages([1.0] * 4, 2, last_extra=2.0) == [range(0, 3), range(3, 4)]
+    assert split_stages([1.0, 2.0, 3.0], 3) == [range(0, 1), range(1, 2), range(2, 3)]
+    with pytest.raises(ValueError, match="cannot split 2 blocks into 3"):
+        split_stages([1.0, 1.0], 3)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "model", "expected"),
+    [
+        ({"tp": 3}, {}, "parallel.tp = 3 does not divide model.n_head = 4"),
+        ({"pp": 8, "microbatches": 8}, {}, "parallel.pp = 8 with 1 stage(s) per rank needs 8 blocks, but"),
+        (
+            {"pp": 2, "schedule": "interleaved_1f1b", "virtual_stages": 4},
+            {},
+            "parallel.pp = 2 with 4 stage(s) per rank needs 8 blocks",
+        ),
+        ({"pp": 4, "microbatches": 2}, {}, "parallel.microbatches = 2 is fewer than parallel.pp = 4"),
+        ({"pp": 2, "microbatches": 3}, {}, "parallel.microbatches = 3 does not divide train.batch_size = 8"),
+        ({"auto": True}, {"name": "mlp"}, "parallel.auto: the planner measures the gpt model's blocks"),
+        ({"schedule": "dualpipe"}, {}, "parallel.schedule: Input should be"),
+        ({"sequence_parallel": True}, {}, "parallel.sequence_parallel splits the built-in gpt plan's norms"),
+    ],
+)
+def test_impossible_layouts_are_one_line_errors(
+    parallel: dict[str, Any], model: dict[str, Any], expected: str
+) -> None:
+    raw = {"model": {"name": "gpt", "n_layer": 4, "n_head": 4, **model}, "parallel": parallel}
+    raw["train"] = {"batch_size": BATCH}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_trainer_refuses_a_layout_that_does_not_fill_the_world() -> None:
+    with pytest.raises(ConfigError, match=r"dp × fsdp × tp × pp = 1 × 2 × 1 × 1 = 2, but the job has 1 rank"):
+        _trainer(_config({"fsdp": 2}), None)
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["parallel.fsdp=4"], "error: parallel: dp × fsdp × tp × pp = 1 × 4 × 1 × 1 = 4, but the job has 2"),
+        (["parallel.tp=3"], "error: parallel.tp = 3 does not divide model.n_head = 4"),
+        (["parallel.fsdp=2", "comm.method=topk"], "error: parallel: fsdp, tp and pp reduce gradients"),
+    ],
+)
+def test_cli_layout_errors_exit_2_with_one_line(
+    sets: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [a for s in [*sets, f"run.out_dir={tmp_path}"] for a in ("--set", s)]
+    config = str(ROOT / "examples/gpt_text.toml")
+    code, _, err = vatra_in_process(capsys, "train", config, "--nproc", "2", *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), err
+    assert not list(tmp_path.iterdir())  # refused before any worker started
+
+
+# ------------------------------------------------------------------ the planner
+def _costs(layers: int = 4) -> Costs:
+    """Synthetic measurements: equal blocks of 10 ms on 8 samples, a 4 ms head."""
+    return Costs(
+        block_s=[0.01] * layers,
+        head_s=0.004,
+        batch=8,
+        block_params=12 * 32 * 32,
+        embedding_params=(VOCAB + SEQ) * 32,
+        head_params=VOCAB * 32,
+        seq=SEQ,
+        width=32,
+        heads=4,
+        vocab=VOCAB,
+    )
+
+
+def test_planner_lists_every_layout_and_the_bubble_formula() -> None:
+    cfg = _config({"schedule": "gpipe"})
+    ranked = plan(_costs(), cfg, 4, bandwidth=1e9)
+    assert sorted((e.dp, e.fsdp, e.tp, e.pp) for e in ranked) == sorted(layouts(4))
+    assert len(ranked) == 10  # the ordered factorisations of 4 = 2² into four factors
+    pp4 = next(e for e in ranked if e.pp == 4)
+    assert pp4.microbatches == 8 and pp4.bubble == pytest.approx(3 / (8 + 4 - 1))
+    steps = [e.step_s for e in ranked if e.feasible]
+    assert steps == sorted(steps)
+
+
+def test_planner_marks_a_layout_that_does_not_fit_in_memory_infeasible() -> None:
+    # Prepare: the memory of each layout without a limit
+    cfg = _config({})
+    free = {(e.dp, e.fsdp, e.tp, e.pp): e for e in plan(_costs(), cfg, 4, bandwidth=1e9)}
+    replicated, sharded = free[(4, 1, 1, 1)], free[(1, 4, 1, 1)]
+    assert sharded.memory_gb < replicated.memory_gb  # fsdp divides parameters, gradients, optimizer state
+    # Execute: a limit between the two
+    limit = (sharded.memory_gb + replicated.memory_gb) / 2
+    ranked = plan(_costs(), cfg, 4, bandwidth=1e9, memory_gb=limit)
+    # Assert: dp = 4 is infeasible, named so, and ranked after every feasible layout
+    by_layout = {(e.dp, e.fsdp, e.tp, e.pp): e for e in ranked}
+    assert not by_layout[(4, 1, 1, 1)].feasible and by_layout[(1, 4, 1, 1)].feasible
+    assert by_layout[(4, 1, 1, 1)].why.startswith("needs ") and "GB >" in by_layout[(4, 1, 1, 1)].why
+    feasible = [e.feasible for e in ranked]
+    assert feasible == sorted(feasible, reverse=True)
+    assert "tp 8" not in " ".join(e.why for e in ranked)  # only divisors of the world are tried
+
+
+def test_plan_command_prints_ranked_layouts(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--world", "4", "--memory-gb", "0.01", "--set", "train.batch_size=4"]
+    code, out, err = vatra_in_process(capsys, "plan", str(ROOT / "examples/gpt_text.toml"), *args)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("vatra: 2 blocks") and len(lines) == 2 + 10
+    assert "no: 4 stages > 2 blocks" in out and "no: needs" in out
+
+
+def test_auto_names_why_no_layout_fits() -> None:
+    cfg = _config({"auto": True, "auto_memory_gb": 1e-6})
+    with pytest.raises(ConfigError, match=r"no layout of 2 ranks fits: dp .* needs"):
+        choose(cfg, 2)
+
+
+def test_auto_trains_on_the_chosen_layout_and_pins_it(launched: Launched) -> None:
+    run = launched[0] / "auto"  # vatra.fit on 2 ranks with parallel.auto = true
+    pinned = load_config(run / "config.toml").parallel
+    assert not pinned.auto and pinned.size == 2
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and math.isfinite(summary["final_loss"])
+
+
+def test_a_tp_plan_names_real_modules() -> None:
+    model = _user_model(_config({}))
+    assert sorted(resolve_plan(model, {"[13]": "colwise"})) == ["1", "3"]  # fnmatch globs
+    expected = r"parallel\.tp_plan: 'layers\.\*\.fc1' matches no module of Sequential; module paths"
+    with pytest.raises(ConfigError, match=expected):
+        resolve_plan(model, {"layers.*.fc1": "colwise"})
+
+
+def test_parallel_layouts_refuse_what_steps_ranks_apart() -> None:
+    with pytest.raises(ConfigError, match=r"but dist\.mode = 'diloco' lets ranks step apart"):
+        _config({"fsdp": 2}, dist={"mode": "diloco"})
+    with pytest.raises(ConfigError, match=r"parallel: uneven per-rank batches \(balance\.method\)"):
+        _config({"tp": 2}, balance={"method": "static"})
+    with pytest.raises(ConfigError, match=r"parallel: train\.precision = 'fp16' needs a gradient scaler"):
+        _config({"pp": 2}, train={"precision": "fp16"})
