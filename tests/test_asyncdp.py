@@ -165,26 +165,34 @@ def test_cli_refuses_a_mode_without_traceback() -> None:
     assert len(lines) == 1 and lines[0].startswith("error:") and "local_sgd" in lines[0]
 
 
-def test_diloco_resume_repeats_losses_and_weights(tmp_path: Path) -> None:
-    # Prepare: AdamW inner steps, Nesterov outer, 2 fragments, fp16 pseudo-gradients with error
-    # feedback; one run loses rank 1 to SIGKILL after step 15 and resumes from step 10 (mid-round)
-    sets = [
-        "train.steps=30", "checkpoint.every_steps=10", "dist.mode=diloco", "diloco.inner_steps=4",
-        "diloco.fragments=2", "comm.method=fp16", "optim.name=adamw", "optim.lr=0.003",
-    ]  # fmt: skip
-    args = [a for s in sets for a in ("--set", s)]
-    ref = _start(tmp_path / "ref", *args)
-    hit = _start(tmp_path / "hit", *args, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
-    _, ref_err = ref.communicate(timeout=240)
-    _, hit_err = hit.communicate(timeout=240)
-    assert ref.returncode == 0, ref_err[-2000:]
-    assert hit.returncode == 0, hit_err[-2000:]
-    # Assert: the resumed attempt repeats the uninterrupted run's losses exactly, to the last step
-    want = {m["step"]: m["loss"] for m in read_jsonl(tmp_path / "ref" / "metrics.jsonl")}
-    got = [m for m in read_jsonl(tmp_path / "hit" / "metrics.jsonl") if m["attempt"] == 1]
-    assert [m["step"] for m in got] == list(range(11, 31))
-    assert all(m["loss"] == want[m["step"]] for m in got)
-    a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(tmp_path / "hit", tmp_path)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    summary = json.loads((tmp_path / "hit" / "summary.json").read_text())
-    assert summary["dist_mode"] == "diloco" and summary["restarts"] == 1
+RESUMED = {
+    # AdamW inner steps, Nesterov outer, 2 fragments, fp16 pseudo-gradients with error feedback
+    "diloco": ["dist.mode=diloco", "diloco.inner_steps=4", "diloco.fragments=2", "comm.method=fp16"],
+    "local_sgd": ["dist.mode=local_sgd", "local_sgd.every=4"],
+}
+
+
+def test_diloco_and_local_sgd_resume_repeats_losses_and_weights(tmp_path: Path) -> None:
+    # Prepare: per mode, one run loses rank 1 to SIGKILL after step 15 and resumes from step 10, in
+    # the middle of a round (the ranks' parameters differ there): four launches side by side
+    common = ["train.steps=30", "checkpoint.every_steps=10", "optim.name=adamw", "optim.lr=0.003"]
+    procs = {}
+    for mode, sets in RESUMED.items():
+        args = [a for s in (*common, *sets) for a in ("--set", s)]
+        procs[mode, "ref"] = _start(tmp_path / f"{mode}-ref", *args)
+        kill = ["--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2"]
+        procs[mode, "hit"] = _start(tmp_path / f"{mode}-hit", *args, *kill)
+    for key, proc in procs.items():
+        _, err = proc.communicate(timeout=280)
+        assert proc.returncode == 0, (key, err[-2000:])
+    for mode in RESUMED:
+        ref, hit = tmp_path / f"{mode}-ref", tmp_path / f"{mode}-hit"
+        # Assert: the resumed attempt repeats the uninterrupted run's losses exactly, to the last step
+        want = {m["step"]: m["loss"] for m in read_jsonl(ref / "metrics.jsonl")}
+        got = [m for m in read_jsonl(hit / "metrics.jsonl") if m["attempt"] == 1]
+        assert [m["step"] for m in got] == list(range(11, 31)), mode
+        assert all(m["loss"] == want[m["step"]] for m in got), mode
+        a, b = _final_weights(ref, tmp_path), _final_weights(hit, tmp_path)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), mode
+        summary = json.loads((hit / "summary.json").read_text())
+        assert summary["dist_mode"] == mode and summary["restarts"] == 1
