@@ -66,6 +66,7 @@ def _config() -> Config:
         dist={"mode": "async", "timeout_s": 60},
         **{"async": {"staleness": "none"}},
         checkpoint={"enabled": False},
+        monitor={"enabled": False},
     )
 
 
@@ -98,7 +99,7 @@ def test_one_worker_without_staleness_equals_one_process(tmp_path: Path) -> None
 
 def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
     base = ["dist.mode=async", "train.steps=30", "checkpoint.every_steps=10", "run.tensorboard=false"]
-    base += ["dist.timeout_s=120"]  # a hang fails within the test's time
+    base += ["dist.timeout_s=120", "monitor.enabled=false"]  # a hang fails within the test's time
     args = [a for s in (*base, *sets) for a in ("--set", s)]
     cmd = [
         sys.executable,
