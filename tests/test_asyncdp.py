@@ -32,15 +32,15 @@ MODES: dict[str, dict[str, Any]] = {
         "diloco": {"inner_steps": 1, "outer": "sgd", "outer_lr": 1.0, "outer_momentum": 0.0},
     },
 }
-STREAMING = {  # H = 4, 2 fragments, fp16 pseudo-gradients, each rank's speed measured
+STREAMING = {  # H = 4, 2 fragments, fp16 pseudo-gradients
     "dist": {"mode": "diloco"},
-    "diloco": {"inner_steps": 4, "fragments": 2, "adaptive_steps": True},
+    "diloco": {"inner_steps": 4, "fragments": 2},
     "comm": {"method": "fp16"},
-    "chaos": {"speed_factors": [1.0, 3.0]},
 }
 
 
 def _trainer(sections: dict[str, Any], indices: np.ndarray, batch: int, ctx: DistContext | None) -> Trainer:
+    sections = {**sections, "dist": {**sections.get("dist", {}), "timeout_s": 120}}  # a hang fails here
     cfg = small_config(train={"steps": STEPS, "batch_size": batch}, optim=SGD, **sections)
     base = Trainer.from_config(cfg)  # dataset and spec only
     rank = ctx.rank if ctx is not None else 0
@@ -111,10 +111,6 @@ def test_h1_equals_single_process_and_streaming_ends_in_step(tmp_path: Path) -> 
     small = small_config().comm.min_numel
     fp16_bytes = sum(p.numel() * (4 if p.numel() < small else 2) for p in want)
     assert sum(m["comm_bytes"] for m in a["metrics"] if m["synced"]) == 2 * fp16_bytes
-    # rank 1 is 3× slower: after the first round it computes fewer of the 4 steps and idles the rest
-    slow = b["metrics"]
-    assert slow[-1]["inner_steps"] < 4 and any(m.get("idle") for m in slow[4:])
-    assert not any(m.get("idle") for m in a["metrics"])
 
 
 def test_hybrid_h1_equals_single_process(tmp_path: Path) -> None:
