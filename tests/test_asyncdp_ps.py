@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.conftest import ROOT, small_config
+from tests.test_resilience_recovery import _events
 
 from vatra.asyncdp.ps import Server, ShardServer, staleness_scale
 from vatra.asyncdp.run import FINAL, run_worker
@@ -116,10 +117,6 @@ def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*cmd, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-
-
-def _events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
 
 
 def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: Path) -> None:
