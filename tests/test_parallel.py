@@ -46,6 +46,9 @@ from vatra.parallel.plan import Costs, choose, layouts, plan
 from vatra.resilience import CheckpointPlugin
 from vatra.rundir import RunDir
 
+# One xdist worker for the module: its fixture's two launches run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("parallel")
+
 VOCAB, SEQ, STEPS, BATCH = 32, 8, 3, 8  # BATCH: samples per step over all data-parallel ranks
 SPEC = DatasetSpec(kind="lm", input_shape=(SEQ,), num_classes=VOCAB)
 LOSS_TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -158,6 +161,9 @@ def _train_case(ctx: DistContext, parallel: dict[str, Any]) -> dict[str, Any]:
         "norms": [m["grad_norm"] for m in steps],
         "state": state,
         "eval": trainer.evaluate(),
+        "pp": _gather(
+            [(m["pp_busy_s"], m["pp_bubble"], m["fwd_bwd_time_s"]) for m in steps if "pp_bubble" in m]
+        ),
     }
 
 
@@ -329,6 +335,21 @@ def test_layout_trains_as_the_unsplit_model(launched: Launched, name: str) -> No
     if "eval" in got:  # the Trainer's evaluation: each data-parallel share once, summed over them
         assert got["eval"].keys() == ref[-1]["eval"].keys()
         torch.testing.assert_close(got["eval"], ref[-1]["eval"], **PARAM_TOL)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in CASES_4 if n.startswith("trainer")] + ["trainer_pp2_gpipe", "tp2"]
+)
+def test_pipeline_steps_log_each_stage_compute_and_bubble(launched: Launched, name: str) -> None:
+    per_rank = torch.load(launched[0] / f"{name}.pt")["pp"]  # [(busy s, bubble, fwd_bwd s) per step]
+    if "pp" not in name:
+        assert per_rank == [[], []]  # no pipeline, no pipeline figures
+        return
+    for steps in per_rank:
+        assert len(steps) == STEPS
+        for busy, bubble, fwd_bwd in steps:
+            assert 0.0 < busy < fwd_bwd  # a stage computes part of the schedule's time, not all
+            assert 0.0 < bubble < 1.0  # with m micro-batches on p stages every stage waits some
 
 
 def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: Launched) -> None:
@@ -506,3 +527,24 @@ def test_parallel_layouts_refuse_what_steps_ranks_apart() -> None:
         _config({"tp": 2}, balance={"method": "static"})
     with pytest.raises(ConfigError, match=r"parallel: train\.precision = 'fp16' needs a gradient scaler"):
         _config({"pp": 2}, train={"precision": "fp16"})
+
+
+def test_monitor_averages_each_stage_over_its_ranks() -> None:
+    from vatra.monitor.plugin import BUBBLE, COLUMNS, COMPUTE, Monitor
+
+    def row(busy: float, bubble: float) -> list[float]:
+        r = [0.0] * len(COLUMNS)
+        r[COMPUTE], r[BUBBLE] = busy, bubble
+        return r
+
+    # 4 ranks × 2 steps of dp 2 × pp 2: ranks 0, 1 hold stage 0 (pp outermost), ranks 2, 3 stage 1
+    window = [
+        [row(1.0, 0.2), row(3.0, 0.4)],
+        [row(2.0, 0.2), row(2.0, 0.4)],
+        [row(4.0, 0.1), row(4.0, 0.1)],
+        [row(4.0, 0.3), row(4.0, 0.3)],
+    ]
+    metrics: dict[str, Any] = {}
+    Monitor._stage_view(window, 2, metrics)
+    assert metrics["pp_stage_busy_s"] == [2.0, 4.0]
+    assert metrics["pp_stage_bubble"] == pytest.approx([0.3, 0.2])
