@@ -382,6 +382,8 @@ class Trainer:
         if self.scaler.is_enabled():
             metrics["amp_overflow"] = overflow
             metrics["loss_scale"] = self.scaler.get_scale()
+        if self.parallel is not None:
+            metrics.update(self.parallel.step_metrics())  # pp: the stage's compute and bubble
         return metrics
 
     def _idle_step(self, t0: float, lr: float) -> dict[str, Any]:

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from vatra.engine import Trainer
 
 # One row per rank per step; the gather ships (steps, len(COLUMNS)) float64 per rank.
-COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "data_time_s", "compute_time_s")
-_, LOSS, GRAD, TIME, DATA, COMPUTE = range(len(COLUMNS))  # their indices in a row
+COLUMNS = ("step", "loss", "grad_norm", "step_time_s", "data_time_s", "compute_time_s", "pp_bubble")
+_, LOSS, GRAD, TIME, DATA, COMPUTE, BUBBLE = range(len(COLUMNS))  # their indices in a row
 # The verdict's broadcast vector: these 4 values, then the window's k mean losses, then k alarm masks.
 HEAD = ("alarms", "slowest_rank", "straggler_ratio", "data_share")
 ALARMS, SLOWEST, RATIO, SHARE = range(len(HEAD))
@@ -140,7 +140,9 @@ class Monitor(Plugin):
             if self.rows:  # their own window, so that no later verdict mixes them with new steps
                 done = self._open(trainer, metrics, stale=True)
         self.last_step = step
-        if self.t_grad is not None:
+        if "pp_busy_s" in metrics:  # a pipeline stage: its own compute, without the schedule's waits
+            compute = metrics["pp_busy_s"]
+        elif self.t_grad is not None:
             compute = self.t_grad - self.t0
         elif self.hook is None:
             compute = metrics["data_time_s"] + metrics["fwd_bwd_time_s"]
@@ -162,6 +164,7 @@ class Monitor(Plugin):
                     metrics["step_time_s"],
                     metrics["data_time_s"],
                     compute,
+                    metrics.get("pp_bubble", 0.0),
                 ]
             )
         last = step >= trainer.cfg.train.steps or trainer.state.should_stop
@@ -230,6 +233,8 @@ class Monitor(Plugin):
             return
         assert self.ensemble is not None
         head = self._view(w.rows, metrics)
+        if trainer.parallel is not None and trainer.parallel.pipeline is not None:
+            self._stage_view(w.rows, trainer.parallel.mesh.cfg.pp, metrics)
         losses = head[len(HEAD) :]
         grad_norms = [r[GRAD] for r in w.rows[0]]  # the global norm: identical on every rank
         masks = [0.0] * len(w.steps)
@@ -280,6 +285,16 @@ class Monitor(Plugin):
         metrics["straggler_ratio"] = ratio
         metrics["slowest_rank"] = slowest
         return [0.0, float(slowest), ratio, data_share, *loss_mean]
+
+    @staticmethod
+    def _stage_view(window: list[list[list[float]]], pp: int, metrics: dict[str, Any]) -> None:
+        """Rank 0, pipelines: per stage (pp rank; the mesh puts pp outermost, so global rank r is on
+        pp rank ``r // (W / pp)``), the window's mean compute seconds and bubble over its ranks."""
+        per = len(window) // pp
+        busy = [[r[COMPUTE] for rank in window[s * per : (s + 1) * per] for r in rank] for s in range(pp)]
+        idle = [[r[BUBBLE] for rank in window[s * per : (s + 1) * per] for r in rank] for s in range(pp)]
+        metrics["pp_stage_busy_s"] = [sum(b) / len(b) for b in busy]
+        metrics["pp_stage_bubble"] = [sum(b) / len(b) for b in idle]
 
     def _log_alarm(self, trainer: Trainer, alarm: Alarm, rank_losses: list[float]) -> None:
         self.anomalies += 1

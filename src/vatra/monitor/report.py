@@ -58,6 +58,7 @@ PANELS = (
     ),
     Panel("Per-rank step time (s, window mean)", ("rank_step_time_s",), marks=False),
     Panel("Per-rank compute time (s, window mean): stragglers stand out", ("rank_compute_time_s",)),
+    Panel("Pipeline bubble per stage: share of the schedule waiting", ("pp_stage_bubble",), marks=False),
     Panel("Per-rank batch size (balance)", ("rank_batch_size",), marks=False),
     Panel("Per-rank utilisation: busy / wall (balance windows)", ("rank_utilisation",), marks=False),
     Panel(

@@ -5,7 +5,7 @@ from vatra.parallel.apply import Parallel, parallelize
 from vatra.parallel.fsdp import apply_fsdp, blocks_of
 from vatra.parallel.grads import clip_, total_norm
 from vatra.parallel.mesh import AXES, Mesh
-from vatra.parallel.pipeline import GPTStage, Pipeline, StageUnion, build_pipeline, stage_ids
+from vatra.parallel.pipeline import GPTStage, Pipeline, StageClock, StageUnion, build_pipeline, stage_ids
 from vatra.parallel.split import measure_block_costs, split_stages
 from vatra.parallel.tp import apply_tp, gpt_plan, gpt_sequence_plan, resolve_plan
 
@@ -15,6 +15,7 @@ __all__ = [
     "Mesh",
     "Parallel",
     "Pipeline",
+    "StageClock",
     "StageUnion",
     "apply_fsdp",
     "apply_tp",

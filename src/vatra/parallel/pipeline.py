@@ -7,8 +7,11 @@ schedule), then per optimizer step ``zero_grad`` → :meth:`Pipeline.step` → `
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,6 +38,56 @@ MULTI_STAGE: dict[str, type[S.PipelineScheduleMulti]] = {
     "interleaved_1f1b": S.ScheduleInterleaved1F1B,
     "zero_bubble": S.ScheduleZBVZeroBubble,
 }
+
+
+class StageClock:
+    """Seconds a rank's pipeline stages compute in a step, and the seconds the schedule ran: their
+    difference is the rank's share of the bubble (waiting on its neighbours' sends and receives).
+
+    Timed around torch's per-micro-batch calls (a stage's forward, backward of inputs and of weights,
+    and the last stage's loss), so the waits between them are left out. On a GPU each call is timed
+    with a pair of CUDA events, read when the step is taken (:meth:`take`), so no call synchronises.
+    """
+
+    CALLS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.busy_s = 0.0
+        self.wall_s = 0.0
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def wrap(self, obj: object, name: str) -> None:
+        """Time ``obj.name`` from now on (an instance attribute over the bound method)."""
+        call = getattr(obj, name)
+
+        @functools.wraps(call)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = call(*args, **kwargs)
+                end.record()
+                self.events.append((start, end))
+                return out
+            t0 = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.busy_s += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+
+    def take(self) -> tuple[float, float]:
+        """(compute seconds, schedule seconds) since the last take; both restart from 0."""
+        busy = self.busy_s
+        if self.events:
+            self.events[-1][1].synchronize()
+            busy += sum(start.elapsed_time(end) for start, end in self.events) / 1e3
+        out = (busy, self.wall_s)
+        self.busy_s = self.wall_s = 0.0
+        self.events = []
+        return out
 
 
 class GPTStage(nn.Module):
@@ -113,6 +166,7 @@ class Pipeline:
     last_owner: int = 0  # pp rank of the last stage
     owners: list[int] = field(default_factory=list)  # stage id → the pp rank that runs it
     losses: list[Tensor] = field(default_factory=list)
+    clock: StageClock = field(default_factory=lambda: StageClock(torch.device("cpu")))
 
     @property
     def has_first(self) -> bool:
@@ -143,10 +197,12 @@ class Pipeline:
         """
         self.losses = []
         args = (inputs,) if self.has_first else ()
+        t0 = time.perf_counter()
         if self.has_last:
             self.schedule.step(*args, target=target, losses=self.losses)
         else:
             self.schedule.step(*args)
+        self.clock.wall_s += time.perf_counter() - t0
         if sync_tied:
             self.sync_tied()
         device = next(self.parameters()).device
@@ -283,4 +339,9 @@ def build_pipeline(
         for sid in stage_ids(r, cfg.pp, cfg.schedule, per_rank):
             owners[sid] = r
     tied = _tied_group(mesh, last_owner)
-    return Pipeline(modules, ids, n_stages, schedule, mesh, split, tied, last_owner, owners)
+    clock = StageClock(device)
+    for stage in stages:
+        for name in StageClock.CALLS:
+            clock.wrap(stage, name)
+    clock.wrap(schedule, "_maybe_compute_loss")  # the last stage's loss of each micro-batch
+    return Pipeline(modules, ids, n_stages, schedule, mesh, split, tied, last_owner, owners, clock=clock)
