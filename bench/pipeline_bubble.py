@@ -109,8 +109,7 @@ def worker(ctx: DistContext, schedule: str, micro: int, steps: int, device_ms: f
         start = time.perf_counter()
         pipe.step(x, x)
         times.append(time.perf_counter() - start)
-        busy, wall = pipe.clock.take()
-        logged.append(1.0 - busy / wall)  # the Trainer's pp_bubble of this rank
+        logged.append(pipe.busy_and_bubble()[1])  # the Trainer's pp_bubble of this rank
     fastest = min(range(1, steps + 1), key=times.__getitem__)
     step = times[fastest]
     mine = torch.tensor(logged[fastest])

@@ -72,12 +72,13 @@ class Parallel:
             self.pipeline.sync_tied()
 
     def step_metrics(self) -> dict[str, float]:
-        """pp: this rank's stage compute in the step (``pp_busy_s``) and the share of the schedule's
-        time it waited (``pp_bubble``, its part of the pipeline bubble); nothing without a pipeline."""
+        """pp (collective over the pipeline's ranks): this rank's stage compute in the step
+        (``pp_busy_s``) and the share of the pipeline's time it waited (``pp_bubble``, the bubble as
+        this stage saw it); nothing without a pipeline."""
         if self.pipeline is None:
             return {}
-        busy, wall = self.pipeline.clock.take()
-        return {"pp_busy_s": busy, "pp_bubble": max(0.0, 1.0 - busy / wall) if wall > 0 else 0.0}
+        busy, bubble = self.pipeline.busy_and_bubble()
+        return {"pp_busy_s": busy, "pp_bubble": bubble}
 
     def grad_norm(self, grads: list[torch.Tensor]) -> float:
         """The global gradient norm (collective over the mesh). NOTE: a host sync, as the trainer's own.

@@ -209,6 +209,19 @@ class Pipeline:
         loss = torch.stack(self.losses).mean().detach() if self.has_last else torch.zeros((), device=device)
         return self.from_last(loss)
 
+    def busy_and_bubble(self) -> tuple[float, float]:
+        """Collective over pp: this rank's stage compute seconds since the last call, and its share
+        of the pipeline's time spent not computing. The pipeline's time is the longest of the pp
+        ranks' schedule times (they start together, synchronised by the step before; the last stage's
+        schedule returns while the first is still running backward, and its wait then is bubble too)."""
+        busy, wall = self.clock.take()
+        span = torch.tensor(wall, dtype=torch.float64, device=next(self.parameters()).device)
+        pp = self.mesh["pp"]
+        if pp.size() > 1:
+            dist.all_reduce(span, op=dist.ReduceOp.MAX, group=pp.get_group())
+        longest = float(span)
+        return busy, max(0.0, 1.0 - busy / longest) if longest > 0 else 0.0
+
     def from_last(self, t: Tensor) -> Tensor:
         """``t`` as the last stage holds it, on every rank of the pipeline (a broadcast over pp)."""
         pp = self.mesh["pp"]
