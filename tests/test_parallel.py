@@ -527,6 +527,8 @@ def test_parallel_layouts_refuse_what_steps_ranks_apart() -> None:
         _config({"tp": 2}, balance={"method": "static"})
     with pytest.raises(ConfigError, match=r"parallel: train\.precision = 'fp16' needs a gradient scaler"):
         _config({"pp": 2}, train={"precision": "fp16"})
+    with pytest.raises(ConfigError, match=r"parallel: train\.compile compiles the whole model's forward"):
+        _config({"fsdp": 2}, train={"compile": True})
 
 
 def test_monitor_averages_each_stage_over_its_ranks() -> None:

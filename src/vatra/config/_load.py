@@ -189,6 +189,12 @@ class Config(Section):
                 "which vatra does not have; use train.precision = 'bf16' or "
                 "parallel.fsdp_mixed_precision = 'fp16'"
             )
+        if self.train.compile:
+            raise ValueError(
+                "parallel: train.compile compiles the whole model's forward, which vatra has not tested "
+                "on a sharded, split or pipelined model; set train.compile = false, or "
+                "parallel.fsdp = tp = pp = 1"
+            )
         return self
 
     @model_validator(mode="after")

@@ -294,6 +294,11 @@ class TrainConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="Autocast precision; fp16 uses a gradient scaler."
     )
+    compile: bool = Field(
+        False,
+        description="Compile the model's forward with torch.compile (the first steps pay for compiling; "
+        "not with parallel.fsdp, tp or pp).",
+    )
     task: Literal["auto", "classification", "multilabel", "regression", "ranking", "lm", "multitask"] = Field(
         "auto",
         description="What is learned (chooses the default loss and the metrics); auto = from the data.",

@@ -9,7 +9,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -184,6 +184,13 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         # balance.adaptive: the trainer synchronises the gradients itself (an OOM rank redoes the step)
         self.guarded = cfg.balance.adaptive and isinstance(self.sampler, GlobalBatchSampler)
+        # train.compile: forward_backward runs a torch.compile wrapper of what runs forward (lazy: the
+        # first step compiles); self.module (DDP comm hooks are registered on it) and self.model
+        # (checkpoints name its parameters) stay the modules themselves. parallel layouts refuse it.
+        self._compiled: dict[nn.Module, nn.Module] = {}
+        if cfg.train.compile:
+            forward = self.trainable if self.guarded else self.module
+            self._compiled[forward] = cast(nn.Module, torch.compile(forward))
 
     def _hybrid_group(self) -> torch.distributed.ProcessGroup:
         """``dist.mode = "hybrid"``: this rank's group of ``hybrid.group_size`` contiguous ranks
@@ -517,6 +524,7 @@ class Trainer:
             with self._autocast():
                 return pipeline.step(inputs, target, sync_tied=False) / scale
         module = self.module if module is None else module
+        module = self._compiled.get(module, module)  # train.compile: the compiled wrapper
         with self._autocast():
             if self.trainable is self.model:
                 loss = self.loss(call_model(module, inputs), target)
