@@ -471,6 +471,18 @@ def test_planner_lists_every_layout_and_the_bubble_formula() -> None:
     assert steps == sorted(steps)
 
 
+def test_planner_charges_a_latency_per_message() -> None:
+    cfg = _config({"schedule": "gpipe"})
+    free = {(e.dp, e.fsdp, e.tp, e.pp): e.comm_s for e in plan(_costs(), cfg, 4, bandwidth=1e9)}
+    slow = plan(_costs(), cfg, 4, bandwidth=1e9, latency=1e-3)
+    extra = {(e.dp, e.fsdp, e.tp, e.pp): e.comm_s - free[(e.dp, e.fsdp, e.tp, e.pp)] for e in slow}
+    assert extra[(4, 1, 1, 1)] == pytest.approx(1e-3)  # DDP: one bucket of gradients
+    assert extra[(1, 4, 1, 1)] == pytest.approx(3 * (4 + 1) * 1e-3)  # 2 all-gathers, 1 reduce-scatter a unit
+    assert extra[(1, 1, 4, 1)] == pytest.approx(4 * 4 * 1e-3)  # 4 blocks × 4 all-reduces
+    assert extra[(1, 1, 1, 4)] == pytest.approx(2 * (4 - 1) * 1e-3)  # the fill's and the drain's hops
+    assert extra[(2, 2, 1, 1)] == pytest.approx((3 + 1) * (4 + 1) * 1e-3)  # HSDP: + an all-reduce per unit
+
+
 def test_planner_marks_a_layout_that_does_not_fit_in_memory_infeasible() -> None:
     # Prepare: the memory of each layout without a limit
     cfg = _config({})

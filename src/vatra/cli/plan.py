@@ -20,6 +20,9 @@ def plan_command(
     bandwidth_gbs: float = typer.Option(
         1.0, "--bandwidth-gbs", min=1e-6, help="Link bandwidth between ranks, GB/s (not measured)."
     ),
+    latency_us: float = typer.Option(
+        50.0, "--latency-us", min=0.0, help="What one collective or send costs however small, µs."
+    ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Measure the model's blocks on this process, estimate every dp × fsdp × tp × pp layout of
@@ -29,11 +32,13 @@ def plan_command(
 
     cfg = load_config(config, set_)
     costs = measure(cfg)
-    ranked = plan(costs, cfg, world, bandwidth=bandwidth_gbs * 1e9, memory_gb=memory_gb)
+    ranked = plan(
+        costs, cfg, world, bandwidth=bandwidth_gbs * 1e9, latency=latency_us * 1e-6, memory_gb=memory_gb
+    )
     print(
         f"vatra: {costs.layers} blocks, {sum(costs.block_s) * 1e3:.1f} ms forward + backward on "
         f"{costs.batch} samples; global batch {cfg.train.batch_size * world}, schedule "
-        f"{cfg.parallel.schedule}, {bandwidth_gbs:g} GB/s"
+        f"{cfg.parallel.schedule}, {bandwidth_gbs:g} GB/s, {latency_us:g} µs a message"
     )
     print(f"{'#':>3} {'dp':>3} {'fsdp':>4} {'tp':>3} {'pp':>3} {'m':>3} {'step_s':>9} {'comm_s':>9} "
           f"{'bubble':>6} {'mem_GB':>8}  feasible")  # fmt: skip

@@ -80,6 +80,9 @@ class ParallelConfig(Section):
     auto_bandwidth_gbs: float = Field(
         1.0, gt=0.0, description="auto: link bandwidth between ranks the estimate assumes, GB/s."
     )
+    auto_latency_us: float = Field(
+        50.0, ge=0.0, description="auto: seconds one collective or send costs however small, in µs."
+    )
 
     @property
     def enabled(self) -> bool:

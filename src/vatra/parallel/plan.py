@@ -8,11 +8,13 @@ The model is an estimate, meant to order layouts, not to predict to the millisec
   pipeline adds its bubble, ``(p − 1)/(m + p − 1)`` of the step for gpipe and 1f1b,
   ``(p − 1)/(v·m + p − 1)`` interleaved over ``v`` chunks (zero_bubble is counted as interleaved
   with v = 2: a bound, its real bubble is smaller);
-- communication, fp32, ring collectives at ``bandwidth`` bytes/s, not overlapped with compute:
-  tp: 4 all-reduces of the block's activations per block (2 forward, 2 backward); pp: each
-  micro-batch's activations forward and their gradients back, over ``m + p − 1`` slots; fsdp:
-  all-gather in forward and backward and a reduce-scatter of the gradients (3·(f − 1)/f of the
-  rank's parameters); dp: an all-reduce (2·(d − 1)/d) of what fsdp left;
+- communication, fp32, ring collectives at ``bandwidth`` bytes/s plus ``latency`` seconds each
+  (however small), not overlapped with compute: tp: 4 all-reduces of the block's activations per
+  block (2 forward, 2 backward); pp: a micro-batch's activations forward and their gradients back
+  over the ``p − 1`` hops of the fill and the drain (the schedule's other sends are asynchronous
+  and overlap compute); fsdp: per block and for the root, an all-gather in forward and in
+  backward and a reduce-scatter of the gradients (3·(f − 1)/f of the rank's parameters); dp: an
+  all-reduce (2·(d − 1)/d) of what fsdp left, one per 25 MB bucket (DDP's) or per FSDP unit;
 - memory per rank: parameters, gradients and optimizer state of the rank's stage, / tp, / fsdp,
   plus one unsharded block under FSDP, plus activations by Korthikanti et al. 2022 (per layer and
   sample, 16-bit: ``s·h·(10 + 24/t + 5·a·s/(h·t))`` bytes; doubled for fp32) for the micro-batches
@@ -22,6 +24,7 @@ The model is an estimate, meant to order layouts, not to predict to the millisec
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,6 +37,7 @@ from vatra.models import GPT, build_model
 from vatra.parallel.split import measure_block_costs, split_stages
 
 FP32 = 4
+DDP_BUCKET = 25 * 2**20  # DDP's default bucket_cap_mb: one all-reduce per bucket
 VOCAB = 256  # the text source is byte-level
 OPTIMIZER_BYTES = {"adam": 8, "adamw": 8}  # per parameter: exp_avg and exp_avg_sq
 
@@ -130,6 +134,7 @@ def estimate(
     world: int,
     *,
     bandwidth: float,
+    latency: float = 0.0,
     memory_gb: float | None = None,
 ) -> Estimate:
     """One layout at the global batch ``train.batch_size × world`` (what plain DDP would train)."""
@@ -165,15 +170,17 @@ def estimate(
     act = batch * costs.seq * costs.width * FP32  # (b, T, C) of a data-parallel rank's batch
     comm = 0.0
     if tp > 1:
-        comm += layers * 4 * 2 * (tp - 1) / tp * act / bandwidth
-    if pp > 1:
-        comm += 2 * (act / m) * (m + pp - 1) / bandwidth
+        comm += layers * 4 * (2 * (tp - 1) / tp * act / bandwidth + latency)
+    if pp > 1:  # sends overlap the next micro-batch's compute but on the fill and the drain
+        comm += 2 * (pp - 1) * (act / m / bandwidth + latency)
     params = layers * costs.block_params / tp + max(costs.embedding_params, costs.head_params)
     grad_bytes = params * FP32
+    units = math.ceil(layers) + 1  # FSDP's: each block and the root
     if fsdp > 1:
-        comm += 3 * (fsdp - 1) / fsdp * grad_bytes / bandwidth
+        comm += 3 * (fsdp - 1) / fsdp * grad_bytes / bandwidth + 3 * units * latency
     if dp > 1:
-        comm += 2 * (dp - 1) / dp * grad_bytes / fsdp / bandwidth
+        messages = units if fsdp > 1 else max(1, math.ceil(grad_bytes / DDP_BUCKET))
+        comm += 2 * (dp - 1) / dp * grad_bytes / fsdp / bandwidth + messages * latency
 
     optim = OPTIMIZER_BYTES.get(cfg.optim.name, FP32 if cfg.optim.momentum > 0 else 0)
     memory = params * (2 * FP32 + optim) / fsdp
@@ -192,11 +199,17 @@ def estimate(
 
 
 def plan(
-    costs: Costs, cfg: Config, world: int, *, bandwidth: float, memory_gb: float | None = None
+    costs: Costs,
+    cfg: Config,
+    world: int,
+    *,
+    bandwidth: float,
+    latency: float = 0.0,
+    memory_gb: float | None = None,
 ) -> list[Estimate]:
     """Every layout of ``world``, the feasible ones first, fastest first."""
     found = [
-        estimate(costs, layout, cfg, world, bandwidth=bandwidth, memory_gb=memory_gb)
+        estimate(costs, layout, cfg, world, bandwidth=bandwidth, latency=latency, memory_gb=memory_gb)
         for layout in layouts(world)
     ]
     return sorted(found, key=lambda e: (not e.feasible, e.step_s if e.feasible else 0.0, e.why))
@@ -207,7 +220,12 @@ def choose(cfg: Config, world: int) -> ParallelConfig:
     here; a ``ConfigError`` when none fits ``parallel.auto_memory_gb``."""
     par = cfg.parallel
     ranked = plan(
-        measure(cfg), cfg, world, bandwidth=par.auto_bandwidth_gbs * 1e9, memory_gb=par.auto_memory_gb
+        measure(cfg),
+        cfg,
+        world,
+        bandwidth=par.auto_bandwidth_gbs * 1e9,
+        latency=par.auto_latency_us * 1e-6,
+        memory_gb=par.auto_memory_gb,
     )
     best = next((e for e in ranked if e.feasible), None)
     if best is None:
