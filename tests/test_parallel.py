@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
 import vatra
+import vatra.api
 from vatra.config import Config, config_from_dict, load_config
 from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import DistContext, Plugin, Trainer, seed_everything
@@ -44,7 +45,7 @@ from vatra.parallel import (
 )
 from vatra.parallel.plan import Costs, choose, layouts, plan
 from vatra.resilience import CheckpointPlugin
-from vatra.rundir import RunDir
+from vatra.rundir import RunDir, read_jsonl
 
 # One xdist worker for the module: its fixture's two launches run once, not once per worker.
 pytestmark = pytest.mark.xdist_group("parallel")
@@ -255,6 +256,31 @@ CASES_2 = {
 }
 
 
+HEAL_STEPS, NAN_AT = 30, 20
+
+
+def _heal_case(ctx: DistContext, parallel: dict[str, Any], run: Path) -> None:
+    """The plugins ``vatra train`` runs (monitor, healing, checkpoints every 4 steps, writers) under a
+    layout, with the model's output NaN at step 20: the healer must roll back and training go on."""
+    sections: dict[str, dict[str, Any]] = {
+        "train": {"steps": HEAL_STEPS},
+        "monitor": {"warmup_steps": 10, "report": False},
+        "chaos": {"inject_nan_at": [NAN_AT]},
+        "checkpoint": {"every_steps": 4},
+    }
+    cfg = _config(parallel, **sections)
+    rd = RunDir(run)
+    if ctx.is_main:
+        rd.create()
+    ctx.barrier()
+    trainer = _trainer(cfg, ctx, vatra.api.build_plugins(cfg, rd), run_dir=rd)
+    summary = trainer.fit()
+    state = _full(trainer.model)
+    finite = all(_gather(all(bool(torch.isfinite(t).all()) for t in state.values())))
+    if ctx.is_main:
+        (run / "case.json").write_text(json.dumps({"finite": finite, "steps": summary["steps"]}))
+
+
 def _auto_case(ctx: DistContext, run: Path) -> None:
     """``vatra.fit`` with ``parallel.auto`` on this job's process group (RANK and WORLD_SIZE say so)."""
     os.environ.update(RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world_size))
@@ -290,6 +316,8 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
                     pipelined = {"pp": 2, "schedule": schedule}
                     _checkpoint_case(ctx, pipelined, folder / f"run_{name}", steps, folder / f"{name}.pt")
             _auto_case(ctx, folder / "auto")
+            for layout, parallel in (("fsdp", {"fsdp": 2}), ("pp", {"pp": 2, "schedule": "1f1b"})):
+                _heal_case(ctx, parallel, folder / f"heal_{layout}")
     finally:
         ctx.destroy()
 
@@ -350,6 +378,23 @@ def test_pipeline_steps_log_each_stage_compute_and_bubble(launched: Launched, na
         for busy, bubble, fwd_bwd in steps:
             assert 0.0 < busy < fwd_bwd  # a stage computes part of the schedule's time, not all
             assert 0.0 < bubble < 1.0  # with m micro-batches on p stages every stage waits some
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "pp"])
+def test_a_nan_is_rolled_back_by_healing_under_a_layout(launched: Launched, layout: str) -> None:
+    run = RunDir(launched[0] / f"heal_{layout}")
+    case = json.loads((run.path / "case.json").read_text())
+    assert case == {"finite": True, "steps": HEAL_STEPS}
+    rollbacks = [e for e in read_jsonl(run.events) if e.get("action") == "rollback"]
+    assert len(rollbacks) == 1 and rollbacks[0]["evidence"]["to_step"] < NAN_AT
+    rows = list(read_jsonl(run.metrics))
+    bad = max(i for i, r in enumerate(rows) if not math.isfinite(r["loss"]))  # the NaN step, logged
+    after = [r["step"] for r in rows[bad + 1 :]]  # retrained from the checkpoint rolled back to
+    assert after == list(range(rollbacks[0]["evidence"]["to_step"] + 1, HEAL_STEPS + 1))
+    assert all(math.isfinite(r["loss"]) for r in rows[bad + 1 :])
+    if layout == "pp":  # the monitor's per-stage view, at its gather steps
+        stages = [r["pp_stage_bubble"] for r in rows if "pp_stage_bubble" in r]
+        assert stages and all(len(s) == 2 and all(0.0 < b < 1.0 for b in s) for s in stages)
 
 
 def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: Launched) -> None:
