@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +220,16 @@ class _Loaded(Plugin):
             torch.save({"step": trainer.state.step, "state": state}, path)
 
 
-def _checkpoint_case(ctx: DistContext, parallel: dict[str, Any], run: Path, steps: int, out: Path) -> None:
-    """Train to ``steps`` under the layout with checkpoints in ``run`` (a saved run resumes)."""
-    cfg = _config(parallel, train={"steps": steps}, checkpoint={"every_steps": 0})
+def _checkpoint_case(
+    ctx: DistContext,
+    parallel: dict[str, Any],
+    run: Path,
+    steps: int,
+    out: Path,
+    store: dict[str, Any] | None = None,
+) -> None:
+    """Train to ``steps`` under the layout with checkpoints in ``run`` or ``store`` (a saved run resumes)."""
+    cfg = _config(parallel, train={"steps": steps}, checkpoint={"every_steps": 0}, store=store or {})
     rd = RunDir(run)
     if ctx.is_main:
         rd.create()
@@ -307,9 +315,15 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
         # a checkpoint of fsdp = 4 after 2 steps, resumed on fsdp = 2 (DCP reshards on load)
         steps = 2 if world == 4 else STEPS
         _checkpoint_case(ctx, {"fsdp": world}, run, steps, folder / f"loaded{world}.pt")
-        if world == 4:  # fsdp × tp: saved after 2 steps, resumed on the same layout, one more step
+        if world == 4:  # fsdp × tp: saved after 2 steps, resumed on the same layout, one more step,
+            # through the erasure-coded store (k 2 of m 3 nodes), one node lost before the resume
+            nodes = [folder / f"node{i}" for i in range(3)]
+            store = {"erasure": {"k": 2, "m": 3, "nodes": [str(n) for n in nodes]}}
             for steps in (2, STEPS):
-                _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt")
+                if steps == STEPS and rank == 0:
+                    shutil.rmtree(nodes[1])
+                ctx.barrier()
+                _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt", store)
         else:  # pp: the same round trip through the Trainer's pipeline
             for name, schedule in (("pp", "gpipe"), ("pp_interleaved", "interleaved_1f1b")):
                 for steps in (2, STEPS):
@@ -414,7 +428,8 @@ def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: Launched) -> None:
         torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
 
 
-# fsdp 2 × tp 2 on 4 ranks; pp 2 with gpipe, and with 2 stages per rank (interleaved_1f1b), on 2
+# fsdp 2 × tp 2 on 4 ranks (erasure-coded store, a node lost before the resume); pp 2 with gpipe, and
+# with 2 stages per rank (interleaved_1f1b), on 2
 @pytest.mark.parametrize("layout", ["tp", "pp", "pp_interleaved"])
 def test_checkpoint_round_trip_resumes_exactly(launched: Launched, layout: str) -> None:
     folder, ref = launched[0], launched[1][False]
