@@ -324,6 +324,8 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
                     shutil.rmtree(nodes[1])
                 ctx.barrier()
                 _checkpoint_case(ctx, {"fsdp": 2, "tp": 2}, folder / "run_tp", steps, folder / "tp.pt", store)
+            # the same checkpoint (step 3) resumed on another layout: fsdp 4, one more step
+            _checkpoint_case(ctx, {"fsdp": 4}, folder / "run_tp", STEPS + 1, folder / "tp_to_fsdp4.pt", store)
         else:  # pp: the same round trip through the Trainer's pipeline
             for name, schedule in (("pp", "gpipe"), ("pp_interleaved", "interleaved_1f1b")):
                 for steps in (2, STEPS):
@@ -418,6 +420,14 @@ def test_fsdp_bf16_compute_with_cpu_offload_stays_close(launched: Launched) -> N
     torch.testing.assert_close(got["losses"], [r["loss"] for r in ref], rtol=2e-2, atol=0.0)
     for name, tensor in ref[-1]["state"].items():
         torch.testing.assert_close(got["state"][name], tensor, rtol=0.0, atol=2e-3, msg=name)
+
+
+def test_an_fsdp_tp_checkpoint_resumes_on_fsdp4(launched: Launched) -> None:
+    folder, ref = launched[0], launched[1][False]
+    loaded = torch.load(folder / "tp_to_fsdp4.pt")
+    assert loaded["step"] == STEPS
+    for name, tensor in ref[-1]["state"].items():  # fsdp 2 × tp 2's parameters after step 3, on fsdp 4
+        torch.testing.assert_close(loaded["state"][name], tensor, **PARAM_TOL, msg=name)
 
 
 def test_fsdp4_checkpoint_resumes_on_fsdp2(launched: Launched) -> None:

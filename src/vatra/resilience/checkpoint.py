@@ -424,7 +424,9 @@ class CheckpointPlugin(Plugin):
         """
         try:
             self.store.fetch(manifest, [snapshot.DCP_METADATA], dest)
-            names = snapshot.dcp_files(trainer, dest) + snapshot.rank_names(manifest, trainer.dist)
+            names = snapshot.dcp_files(trainer, dest) + snapshot.rank_names(
+                manifest, trainer.dist, trainer.parallel is not None
+            )
             self.store.fetch(manifest, names, dest)
         except StoreError as err:
             return True, str(err)

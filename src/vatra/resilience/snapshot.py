@@ -54,11 +54,24 @@ def rank_files(trainer: Trainer) -> dict[str, bytes]:
     rank = trainer.dist.rank
     files = {rank_file(rank): rank_state(trainer)}
     shard = trainer.batches.shard()
-    if shard is not None:
+    # one copy per data share: tensor-parallel and pipeline peers hold the same indices, and two ranks
+    # writing one content-addressed object at once would mix its erasure-coded pieces
+    if shard is not None and _share_writer(trainer, rank):
         buf = io.BytesIO()
         np.save(buf, np.asarray(shard, dtype=np.int64), allow_pickle=False)
         files[shard_file(rank)] = buf.getvalue()
     return files
+
+
+def _place_now(trainer: Trainer, rank: int) -> int:
+    """The data share global ``rank`` reads under this run's layout."""
+    return trainer.parallel.mesh.cfg.data_rank(rank) if trainer.parallel is not None else rank
+
+
+def _share_writer(trainer: Trainer, rank: int) -> bool:
+    """Whether ``rank`` is the lowest rank reading its data share (the one that saves the shard)."""
+    mine = _place_now(trainer, rank)
+    return all(_place_now(trainer, r) != mine for r in range(rank))
 
 
 def rng_state() -> StateDict:
@@ -96,6 +109,9 @@ def rank_state(trainer: Trainer) -> bytes:
         "scaler": trainer.scaler.state_dict(),
         "train_state": {"step": st.step, "samples_seen": st.samples_seen, "train_time_s": st.train_time_s},
         "world_size": trainer.dist.world_size,
+        # which share of the data it read: under tp or pp several ranks read the same one
+        "data_rank": trainer.data_rank,
+        "data_world": trainer.data_world,
         "plugins": {name: obj.state_dict() for name, obj in st.rank_states.items()},
     }
     buf = io.BytesIO()
@@ -107,9 +123,26 @@ def _read(data: bytes) -> StateDict:
     return dict(torch.load(io.BytesIO(data), weights_only=True))
 
 
+def _data_place(blob: StateDict, rank: int) -> tuple[int, int]:
+    """(data rank, data world) a rank file was saved at; files from before parallel layouts: its rank."""
+    if "data_rank" not in blob:
+        return rank, int(blob["world_size"])
+    return int(blob["data_rank"]), int(blob["data_world"])
+
+
 def load_rank_state(trainer: Trainer, data: bytes) -> None:
-    """Same world size: this rank's own state, exactly as saved."""
+    """Same world size: this rank's own state, exactly as saved. Its data position must be the one
+    this rank reads now: another parallel layout can place the same rank at another data share."""
     blob = _read(data)
+    saved, mine = _data_place(blob, trainer.dist.rank), (trainer.data_rank, trainer.data_world)
+    if saved != mine:
+        raise ConfigError(
+            f"checkpoint does not fit this run: rank {trainer.dist.rank} saved the data position of "
+            f"data-parallel rank {saved[0]} of {saved[1]} but reads share {mine[0]} of {mine[1]} under "
+            f"this parallel layout; resume with the layout it was saved with (model and optimizer "
+            f"reshard, data positions do not map between layouts of one world size), or set "
+            f"checkpoint.resume=false"
+        )
     set_rng_state(blob["rng"])
     try:
         trainer.batches.load_state_dict(blob["data"])
@@ -122,11 +155,12 @@ def load_rank_state(trainer: Trainer, data: bytes) -> None:
     _load_shared(trainer, blob)
 
 
-def rank_names(manifest: dict[str, Any], ctx: DistContext) -> list[str]:
-    """The rank files this rank reads of a version: its own, or after a world-size change every
+def rank_names(manifest: dict[str, Any], ctx: DistContext, parallel: bool = False) -> list[str]:
+    """The rank files this rank reads of a version: its own, or after a world-size change, or under
+    a parallel layout (which may place this rank at another data share than the saved one), every
     saved rank's state and shard."""
     saved = int(manifest["world_size"])
-    if saved == ctx.world_size:
+    if saved == ctx.world_size and not parallel:
         return [rank_file(ctx.rank)]
     names = [rank_file(r) for r in range(saved)]
     return names + [n for r in range(saved) if (n := shard_file(r)) in manifest["files"]]
@@ -138,27 +172,48 @@ def load_rank_files(trainer: Trainer, manifest: dict[str, Any], folder: Path) ->
     a checkpoint without shard files) is a :class:`ConfigError` naming the world size to use."""
     saved, ctx, version = int(manifest["world_size"]), trainer.dist, manifest["version"]
     if saved == ctx.world_size:
-        load_rank_state(trainer, (folder / rank_file(ctx.rank)).read_bytes())
-        return []
+        own = (folder / rank_file(ctx.rank)).read_bytes()
+        files = [folder / rank_file(r) for r in range(saved)]
+        if not all(f.exists() for f in files) or not _moved(trainer, [_read(f.read_bytes()) for f in files]):
+            load_rank_state(trainer, own)  # every rank at its saved data share: exact (or refused)
+            return []
+        # another parallel layout of the same world size (every rank decides alike from every file)
+        refuse = f"checkpoint {version} was written under another parallel layout"
+        fix = "resume with the layout it was saved with, or set checkpoint.resume=false"
+    else:
+        refuse = f"checkpoint {version} was written by {saved} rank(s) but this run has {ctx.world_size}"
+        fix = f"resume with {saved} ranks in all (e.g. --nproc {saved}) or set checkpoint.resume=false"
     blobs = [(folder / rank_file(r)).read_bytes() for r in range(saved)]
-    refuse = f"checkpoint {version} was written by {saved} rank(s) but this run has {ctx.world_size}"
-    fix = f"resume with {saved} ranks in all (e.g. --nproc {saved}) or set checkpoint.resume=false"
     kind = str(_read(blobs[0])["data"].get("kind"))
     if kind != "map":
         raise ConfigError(
             f"{refuse}: a {kind!r} dataset's reader positions belong to the ranks that read them, "
             f"so it resumes only with the same world size; {fix}"
         )
-    shards = [folder / shard_file(r) for r in range(saved)]
-    if not all(p.exists() for p in shards):
+    shards = {r: folder / shard_file(r) for r in _share_firsts([_read(b) for b in blobs])}
+    if not all(p.exists() for p in shards.values()):
         raise ConfigError(f"{refuse}, and it does not record their data shards (an older vatra); {fix}")
     try:
-        return take_over_rank_state(trainer, blobs, [p.read_bytes() for p in shards])
+        return take_over_rank_state(trainer, blobs, {r: p.read_bytes() for r, p in shards.items()})
     except ValueError as err:
         raise ConfigError(f"{refuse}: {err}; {fix}") from None
 
 
-def take_over_rank_state(trainer: Trainer, blobs: list[bytes], shards: list[bytes]) -> list[str]:
+def _moved(trainer: Trainer, blobs: list[StateDict]) -> bool:
+    """Whether any saved rank reads another data share under this run's layout than it saved."""
+    world = trainer.data_world
+    return any(_data_place(blob, r) != (_place_now(trainer, r), world) for r, blob in enumerate(blobs))
+
+
+def _share_firsts(blobs: list[StateDict]) -> list[int]:
+    """The lowest saved rank of each data share, by share (the ranks that saved the shards)."""
+    first: dict[int, int] = {}
+    for r, blob in enumerate(blobs):
+        first.setdefault(_data_place(blob, r)[0], r)
+    return [r for _, r in sorted(first.items())]
+
+
+def take_over_rank_state(trainer: Trainer, blobs: list[bytes], shards: dict[int, bytes]) -> list[str]:
     """Another world size: this rank's state derived from every saved rank's; returns the plugins
     whose per-rank state was dropped.
 
@@ -171,13 +226,16 @@ def take_over_rank_state(trainer: Trainer, blobs: list[bytes], shards: list[byte
       ranks' gradients: dropped, so the plugins start it afresh, as at step 0.
     """
     saved = [_read(b) for b in blobs]
+    # one saved rank per data share: tensor-parallel and pipeline peers read the same share
     old = [
-        (s["data"], np.load(io.BytesIO(b), allow_pickle=False)) for s, b in zip(saved, shards, strict=True)
+        (saved[r]["data"], np.load(io.BytesIO(shards[r]), allow_pickle=False)) for r in _share_firsts(saved)
     ]
-    ctx = trainer.dist
-    trainer.batches.take_over(old, ctx.rank, ctx.world_size)
+    trainer.batches.take_over(old, trainer.data_rank, trainer.data_world)
     _load_shared(trainer, saved[0])
-    seed = np.random.default_rng([trainer.cfg.run.seed, trainer.state.step, ctx.rank]).integers(2**62)
+    # tensor-parallel and pipeline peers draw alike (dropout): seeded by the data share
+    seed = np.random.default_rng([trainer.cfg.run.seed, trainer.state.step, trainer.data_rank]).integers(
+        2**62
+    )
     seed_everything(int(seed))
     kept = set(trainer.state.rank_states)
     return sorted({name for s in saved for name in s.get("plugins", {}) if s["plugins"][name]} & kept)
