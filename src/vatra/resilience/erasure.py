@@ -6,9 +6,11 @@ Shard layout (one file per node under the same key)::
     | u64 generation time (ns) | u64 generation nonce | 32-byte sha256 of the payload | payload
 
 The payload checksum lets a read skip a damaged shard instead of decoding garbage. The object
-digest and the generation (one per write of a key) let it decode only from k shards of one
-write: a node that missed a rewrite of ``tags/latest`` keeps the old shard, and combining it with
-new ones would produce bytes nobody wrote. Storage overhead is m/k (1.5× for k=4, m=6).
+digest lets it decode only from k shards of one content: a node that missed a rewrite of
+``tags/latest`` keeps the old shard, and combining it with new ones would produce bytes nobody
+wrote. Shards of two writes of the same bytes are the same bytes (zfec is deterministic), so they
+combine; the generation (one per write) orders contents, newest first. Storage overhead is m/k
+(1.5× for k=4, m=6).
 
 Every node call runs under a deadline (``store.erasure.timeout_s``): a node that raises or hangs
 counts as unreachable (and is skipped for ``RETRY_AFTER_S``), and reads, writes, ``exists`` and
@@ -119,15 +121,23 @@ def decode(shards: dict[int, bytes], k: int, m: int, size: int) -> bytes:
 class _Read:
     """One key's shards on every node, grouped by write."""
 
-    groups: dict[tuple[bytes, Generation], dict[int, Shard]]  # (digest, generation) → index → shard
+    groups: dict[tuple[bytes, int], dict[int, Shard]]  # (object digest, size) → index → shard
     missing: list[int]
     corrupt: dict[int, str]
     unreachable: dict[int, str]
 
     def ranked(self, k: int) -> list[dict[int, Shard]]:
-        """Groups of at least k shards, newest generation first."""
+        """Groups of at least k shards, the newest write first."""
         full = [g for g in self.groups.values() if len(g) >= k]
-        return sorted(full, key=lambda g: next(iter(g.values())).generation, reverse=True)
+        return sorted(full, key=newest, reverse=True)
+
+    def newest(self) -> Generation:
+        """The newest generation of any shard read (0, 0 without one)."""
+        return max((newest(g) for g in self.groups.values()), default=(0, 0))
+
+
+def newest(group: dict[int, Shard]) -> Generation:
+    return max(s.generation for s in group.values())
 
 
 class ErasureBackend(StoreBackend):
@@ -249,7 +259,9 @@ class ErasureBackend(StoreBackend):
                 except StoreError as err:
                     read.corrupt[i] = str(err)
                     continue
-                read.groups.setdefault((shard.digest, shard.generation), {})[i] = shard
+                # one group per content, not per write: zfec's shards of the same bytes are the same
+                # bytes, so two writes of one object (two ranks saving identical files) combine
+                read.groups.setdefault((shard.digest, shard.size), {})[i] = shard
         return read
 
     def _restore(self, key: str, read: _Read) -> tuple[bytes, dict[int, Shard]]:
@@ -351,7 +363,7 @@ class ErasureBackend(StoreBackend):
         read = self._read(key)
         if read.corrupt or not buried:
             return False  # cannot tell: keep listing it, so gc refuses and verify reports it
-        return max(buried) > max((gen for _, gen in read.groups), default=(0, 0))
+        return max(buried) > read.newest()
 
     def _delete_everywhere(self, key: str) -> None:
         """Delete ``key`` on every node; raises when any fails (used where a leftover must not stay)."""
@@ -362,8 +374,7 @@ class ErasureBackend(StoreBackend):
         read = self._read(key)
         data, group = self._restore(key, read)
         bad = [i for i in range(self.m) if i not in group and i not in read.unreachable]
-        first = next(iter(group.values()))
-        shards = encode(data, self.k, self.m, first.generation)
+        shards = encode(data, self.k, self.m, newest(group))
         errors = self._errors(self._fanout(lambda i: self.nodes[i].put(key, shards[i]), bad))
         done = [f"{key}: rewrote shard {i} on {self.nodes[i].describe()}" for i in bad if i not in errors]
         left = {**read.unreachable, **{i: str(e) for i, e in errors.items()}}
