@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from scipy.stats import spearmanr
 from torch.utils.data import TensorDataset
 
 from _common import print_table, run_ranks, write_result
@@ -113,20 +114,6 @@ def worker(ctx: DistContext, layouts: list[dict[str, int]], steps: int, warmup: 
     return out
 
 
-def ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    r = [0.0] * len(values)
-    for position, i in enumerate(order):
-        r[i] = float(position)
-    return r
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    return 1.0 - 6.0 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
-
-
 def compare(ranked: list[Estimate], measured: dict[str, float]) -> dict[str, Any]:
     """Predicted against measured seconds of the feasible layouts: ρ, mean error, scaled error."""
     keys = [f"{e.dp}x{e.fsdp}x{e.tp}x{e.pp}" for e in ranked if e.feasible]
@@ -136,7 +123,7 @@ def compare(ranked: list[Estimate], measured: dict[str, float]) -> dict[str, Any
     return {
         "keys": keys,
         "predicted": pred,
-        "spearman": spearman(pred, meas),
+        "spearman": float(spearmanr(pred, meas).statistic),
         "mean_error": statistics.mean(abs(m - p) / m for p, m in zip(pred, meas, strict=True)),
         "scale": scale,
         "mean_error_scaled": statistics.mean(abs(m - scale * p) / m for p, m in zip(pred, meas, strict=True)),

@@ -291,10 +291,9 @@ class Monitor(Plugin):
         """Rank 0, pipelines: per stage (pp rank; the mesh puts pp outermost, so global rank r is on
         pp rank ``r // (W / pp)``), the window's mean compute seconds and bubble over its ranks."""
         per = len(window) // pp
-        busy = [[r[COMPUTE] for rank in window[s * per : (s + 1) * per] for r in rank] for s in range(pp)]
-        idle = [[r[BUBBLE] for rank in window[s * per : (s + 1) * per] for r in rank] for s in range(pp)]
-        metrics["pp_stage_busy_s"] = [sum(b) / len(b) for b in busy]
-        metrics["pp_stage_bubble"] = [sum(b) / len(b) for b in idle]
+        stages = [[r for rank in window[s * per : (s + 1) * per] for r in rank] for s in range(pp)]
+        for key, column in (("pp_stage_busy_s", COMPUTE), ("pp_stage_bubble", BUBBLE)):
+            metrics[key] = [sum(r[column] for r in rows) / len(rows) for rows in stages]
 
     def _log_alarm(self, trainer: Trainer, alarm: Alarm, rank_losses: list[float]) -> None:
         self.anomalies += 1

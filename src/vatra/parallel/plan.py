@@ -14,7 +14,7 @@ The model is an estimate, meant to order layouts, not to predict to the millisec
   over the ``p − 1`` hops of the fill and the drain (the schedule's other sends are asynchronous
   and overlap compute); fsdp: per block and for the root, an all-gather in forward and in
   backward and a reduce-scatter of the gradients (3·(f − 1)/f of the rank's parameters); dp: an
-  all-reduce (2·(d − 1)/d) of what fsdp left, one per 25 MB bucket (DDP's) or per FSDP unit;
+  all-reduce (2·(d − 1)/d) of what fsdp left, one per DDP bucket (``dist.bucket_cap_mb``) or per FSDP unit;
 - memory per rank: parameters, gradients and optimizer state of the rank's stage, / tp, / fsdp,
   plus one unsharded block under FSDP, plus activations by Korthikanti et al. 2022 (per layer and
   sample, 16-bit: ``s·h·(10 + 24/t + 5·a·s/(h·t))`` bytes; doubled for fp32) for the micro-batches
@@ -37,7 +37,6 @@ from vatra.models import GPT, build_model
 from vatra.parallel.split import measure_block_costs, split_stages
 
 FP32 = 4
-DDP_BUCKET = 25 * 2**20  # DDP's default bucket_cap_mb: one all-reduce per bucket
 VOCAB = 256  # the text source is byte-level
 OPTIMIZER_BYTES = {"adam": 8, "adamw": 8}  # per parameter: exp_avg and exp_avg_sq
 
@@ -179,7 +178,7 @@ def estimate(
     if fsdp > 1:
         comm += 3 * (fsdp - 1) / fsdp * grad_bytes / bandwidth + 3 * units * latency
     if dp > 1:
-        messages = units if fsdp > 1 else max(1, math.ceil(grad_bytes / DDP_BUCKET))
+        messages = units if fsdp > 1 else max(1, math.ceil(grad_bytes / (cfg.dist.bucket_cap_mb * 2**20)))
         comm += 2 * (dp - 1) / dp * grad_bytes / fsdp / bandwidth + messages * latency
 
     optim = OPTIMIZER_BYTES.get(cfg.optim.name, FP32 if cfg.optim.momentum > 0 else 0)

@@ -139,8 +139,8 @@ def load_rank_state(trainer: Trainer, data: bytes) -> None:
         raise ConfigError(
             f"checkpoint does not fit this run: rank {trainer.dist.rank} saved the data position of "
             f"data-parallel rank {saved[0]} of {saved[1]} but reads share {mine[0]} of {mine[1]} under "
-            f"this parallel layout; resume with the layout it was saved with (model and optimizer "
-            f"reshard, data positions do not map between layouts of one world size), or set "
+            f"this layout; resume with the layout it was saved with (a run without a parallel layout "
+            f"reads only its own rank file, so its data positions do not map), or set "
             f"checkpoint.resume=false"
         )
     set_rng_state(blob["rng"])
@@ -171,26 +171,28 @@ def load_rank_files(trainer: Trainer, manifest: dict[str, Any], folder: Path) ->
     plugins whose per-rank state was dropped. A world-size change that cannot be resumed (a stream,
     a checkpoint without shard files) is a :class:`ConfigError` naming the world size to use."""
     saved, ctx, version = int(manifest["world_size"]), trainer.dist, manifest["version"]
+    files = [folder / rank_file(r) for r in range(saved)]
     if saved == ctx.world_size:
-        own = (folder / rank_file(ctx.rank)).read_bytes()
-        files = [folder / rank_file(r) for r in range(saved)]
-        if not all(f.exists() for f in files) or not _moved(trainer, [_read(f.read_bytes()) for f in files]):
+        own = files[ctx.rank].read_bytes()
+        others = all(f.exists() for f in files)  # fetched under a parallel layout only
+        blobs = [_read(f.read_bytes()) for f in files] if others else []
+        if not others or not _moved(trainer, blobs):
             load_rank_state(trainer, own)  # every rank at its saved data share: exact (or refused)
             return []
         # another parallel layout of the same world size (every rank decides alike from every file)
         refuse = f"checkpoint {version} was written under another parallel layout"
         fix = "resume with the layout it was saved with, or set checkpoint.resume=false"
     else:
+        blobs = [_read(f.read_bytes()) for f in files]
         refuse = f"checkpoint {version} was written by {saved} rank(s) but this run has {ctx.world_size}"
         fix = f"resume with {saved} ranks in all (e.g. --nproc {saved}) or set checkpoint.resume=false"
-    blobs = [(folder / rank_file(r)).read_bytes() for r in range(saved)]
-    kind = str(_read(blobs[0])["data"].get("kind"))
+    kind = str(blobs[0]["data"].get("kind"))
     if kind != "map":
         raise ConfigError(
             f"{refuse}: a {kind!r} dataset's reader positions belong to the ranks that read them, "
             f"so it resumes only with the same world size; {fix}"
         )
-    shards = {r: folder / shard_file(r) for r in _share_firsts([_read(b) for b in blobs])}
+    shards = {r: folder / shard_file(r) for r in _share_firsts(blobs)}
     if not all(p.exists() for p in shards.values()):
         raise ConfigError(f"{refuse}, and it does not record their data shards (an older vatra); {fix}")
     try:
@@ -213,7 +215,7 @@ def _share_firsts(blobs: list[StateDict]) -> list[int]:
     return [r for _, r in sorted(first.items())]
 
 
-def take_over_rank_state(trainer: Trainer, blobs: list[bytes], shards: dict[int, bytes]) -> list[str]:
+def take_over_rank_state(trainer: Trainer, saved: list[StateDict], shards: dict[int, bytes]) -> list[str]:
     """Another world size: this rank's state derived from every saved rank's; returns the plugins
     whose per-rank state was dropped.
 
@@ -225,11 +227,9 @@ def take_over_rank_state(trainer: Trainer, blobs: list[bytes], shards: dict[int,
     * plugins' per-rank state (error-feedback residuals, PowerSGD's factors) belongs to the old
       ranks' gradients: dropped, so the plugins start it afresh, as at step 0.
     """
-    saved = [_read(b) for b in blobs]
-    # one saved rank per data share: tensor-parallel and pipeline peers read the same share
-    old = [
-        (saved[r]["data"], np.load(io.BytesIO(shards[r]), allow_pickle=False)) for r in _share_firsts(saved)
-    ]
+    # ``shards``: the lowest saved rank of each data share → its indices, in share order (tensor-parallel
+    # and pipeline peers read the same share)
+    old = [(saved[r]["data"], np.load(io.BytesIO(shard), allow_pickle=False)) for r, shard in shards.items()]
     trainer.batches.take_over(old, trainer.data_rank, trainer.data_world)
     _load_shared(trainer, saved[0])
     # tensor-parallel and pipeline peers draw alike (dropout): seeded by the data share
