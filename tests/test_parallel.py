@@ -571,6 +571,27 @@ def test_planner_marks_a_layout_that_does_not_fit_in_memory_infeasible() -> None
     assert "tp 8" not in " ".join(e.why for e in ranked)  # only divisors of the world are tried
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--latency-us", "-1"], "error: Invalid value for '--latency-us': Input should be greater than"),
+        (
+            ["--set", "parallel.auto_latency_us=-3"],
+            "error: parallel.auto_latency_us: Input should be greater",
+        ),
+        (["--set", "train.compile=maybe"], "error: train.compile: Input should be a valid boolean"),
+    ],
+)
+def test_plan_and_new_keys_refuse_bad_values_in_one_line(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = vatra_in_process(
+        capsys, "plan", str(ROOT / "examples/gpt_text.toml"), "--world", "2", *args
+    )
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(expected), err
+
+
 def test_plan_command_prints_ranked_layouts(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--world", "4", "--memory-gb", "0.01", "--set", "train.batch_size=4"]
     code, out, err = vatra_in_process(capsys, "plan", str(ROOT / "examples/gpt_text.toml"), *args)
