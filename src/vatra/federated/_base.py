@@ -6,6 +6,8 @@ One round, driven by :class:`vatra.federated.server.FederatedServer`::
     selected  = selector.select(round, available, k)
     ins       = strategy.configure_round(round, selected)   # {client_id: FitIns}
     results, failures = executor.fit(round, ins)        # clients train; hook.encode runs on each client
+    # every result passes check_fit_numbers and selector/strategy/hook.check_result, or its client
+    # is a Failure of the round (``update_rejected``) before any state below sees it
     selector.observe(round, results, failures)
     merged    = hook.combine(round, results)            # e.g. secure aggregation: the sum only
     strategy.aggregate(round, merged, failures)         # None keeps the previous model
@@ -13,6 +15,7 @@ One round, driven by :class:`vatra.federated.server.FederatedServer`::
     server    = evaluator.score(strategy.server_models())     # the server's own held-out data, if any
     ins       = strategy.configure_evaluate(round, available)
     reports   = executor.evaluate(round, ins)           # each client scores on its own held-out rows
+    # every report passes check_eval_numbers and strategy.check_eval, or it is dropped
     metrics   = strategy.aggregate_evaluate(round, reports)   # weighted by their validation sizes
 
 Updates travel as flat float32 vectors (``FitRes.update``: the client's weights after training
@@ -76,6 +79,50 @@ class Failure:
 
     client_id: int
     reason: str
+
+
+MAX_REPORTED = float(np.finfo(np.float32).max)  # a loss, a metric or a time a client computed in float32
+MAX_COUNT = 2**53  # the wire's integer bound: counts add up exactly in float64
+
+
+def reported_number(v: Any) -> float | None:
+    """``v`` as a float when it is a real number (not a bool), else None."""
+    return None if isinstance(v, bool) or not isinstance(v, int | float) else float(v)
+
+
+def check_range(
+    metrics: dict[str, Any], name: str, lo: float, hi: float, *, required: bool = False
+) -> str | None:
+    """Why ``metrics[name]`` is refused (missing when required, not a number, outside [lo, hi]), or None."""
+    if name not in metrics:
+        return f"metric {name!r} is missing" if required else None
+    v = reported_number(metrics[name])
+    if v is None or not lo <= v <= hi:  # NaN fails both comparisons
+        return f"metric {name!r} = {metrics[name]!r} is outside [{lo:g}, {hi:g}]"
+    return None
+
+
+def check_fit_numbers(res: FitRes) -> str | None:
+    """The numbers of a fit result the server itself computes with: its sample count (the weight of
+    its update), ``duration_s`` (the round's slowest client) and ``train_loss`` (the round's mean)."""
+    n = res.num_samples
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
+        return f"num_samples {n!r} is outside [1, 2^53]"
+    return check_range(res.metrics, "duration_s", 0.0, MAX_REPORTED) or check_range(
+        res.metrics, "train_loss", -MAX_REPORTED, MAX_REPORTED
+    )
+
+
+def check_eval_numbers(rep: EvalRes) -> str | None:
+    """An evaluation report's count and metrics: each count × metric product and their sums stay
+    finite (|metric| ≤ float32's largest, count ≤ 2^53), so the weighted means cannot overflow."""
+    n = rep.num_examples
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_COUNT:
+        return f"num_examples {n!r} is outside [0, 2^53]"
+    for name in rep.metrics:
+        if reason := check_range(rep.metrics, name, -MAX_REPORTED, MAX_REPORTED):
+            return reason
+    return None
 
 
 def aggregate_client_metrics(results: Sequence[EvalRes]) -> dict[str, Any]:
@@ -142,6 +189,15 @@ class Strategy:
     ) -> np.ndarray | None:
         raise NotImplementedError
 
+    def check_result(self, res: FitRes) -> str | None:
+        """Why a client's result must be refused before :meth:`aggregate` (a metric it reads that is
+        missing or out of range), or None. The server drops a refused client for the round."""
+        return None
+
+    def check_eval(self, rep: EvalRes) -> str | None:
+        """Why an evaluation report must be refused before :meth:`aggregate_evaluate`, or None."""
+        return None
+
     # -------------------------------------------------------------- evaluate
     def server_models(self) -> list[np.ndarray]:
         """The model(s) the server scores on its own held-out data: the global model."""
@@ -189,6 +245,10 @@ class Selector:
     def observe(self, rnd: int, results: Sequence[FitRes], failures: Sequence[Failure]) -> None:
         """Feedback from the round just finished (losses, durations, drop-outs)."""
 
+    def check_result(self, res: FitRes) -> str | None:
+        """Why a result must be refused before :meth:`observe` reads it, or None."""
+        return None
+
     def state(self) -> dict[str, Any]:
         return {}
 
@@ -214,6 +274,10 @@ class UploadHook:
 
     def combine(self, rnd: int, results: list[FitRes]) -> list[FitRes]:
         return results
+
+    def check_result(self, res: FitRes) -> str | None:
+        """Server: why a decoded result must be refused before :meth:`combine`, or None."""
+        return None
 
     # Server-side round hooks (secure aggregation and privacy use them; identity by default).
     def wrap(self, executor: Any) -> Any:

@@ -11,6 +11,10 @@ Utility of client i = statistical utility × system factor + staleness bonus:
 
 A share ε of each round's picks explores clients never tried (ε = ``exploration``·0.98^r, at least
 0.05 while unexplored clients remain); the rest is sampled ∝ utility from the top 1.3·k.
+
+A client's loss and duration are its own claims: :meth:`AdaptiveSelector.check_result` refuses a
+loss outside [0, float32's largest] and a negative duration (the server drops that client for the
+round), so every utility stays finite and non-negative and one client cannot reset the others'.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from vatra.config import FederatedConfig
-from vatra.federated._base import Failure, FitRes, Selector
+from vatra.federated._base import MAX_REPORTED, Failure, FitRes, Selector, check_range
 
 
 class AdaptiveSelector(Selector):
@@ -65,6 +69,15 @@ class AdaptiveSelector(Selector):
             p = w / w.sum()
             exploit = tried[rng.choice(top, size=n_exploit, replace=False, p=p)]
         return sorted(int(c) for c in np.concatenate([explore, exploit]))
+
+    def check_result(self, res: FitRes) -> str | None:
+        """``loss_before`` in [0, float32's largest] (a utility is ≥ 0, and n·ℓ stays finite) and a
+        non-negative ``duration_s`` (a negative one would move the percentile for everyone)."""
+        if not 0 <= res.client_id < len(self.stat):
+            return f"client id {res.client_id} is outside [0, {len(self.stat)})"
+        return check_range(res.metrics, "loss_before", 0.0, MAX_REPORTED) or check_range(
+            res.metrics, "duration_s", 0.0, MAX_REPORTED
+        )
 
     def observe(self, rnd: int, results: Sequence[FitRes], failures: Sequence[Failure]) -> None:
         for r in results:

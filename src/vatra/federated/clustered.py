@@ -10,6 +10,11 @@ the samples the cluster's members last trained on and ``qₖ = 1 / (1 + ℓₖ)`
 from the members' sample-weighted loss after training (clusters whose data fit well count more).
 The clusters start as one shared initialisation plus small independent noise
 (``cluster_init_noise`` × the weights' standard deviation) so their average stays meaningful.
+
+A client's cluster choice and loss are checked before they are used (:meth:`Clustered.check_result`,
+:meth:`Clustered.check_eval`): ``model`` must name one of the K clusters and ``loss_after`` (sent
+when K > 1) must lie in [0, float32's largest], so qₖ stays in (0, 1]; the server drops a client
+whose report does not.
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from typing import Any
 import numpy as np
 
 from vatra.config import FederatedConfig
-from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, Strategy, weighted_mean
+from vatra.federated._base import (
+    MAX_REPORTED,
+    EvalRes,
+    Failure,
+    FitIns,
+    FitRes,
+    Strategy,
+    check_range,
+    weighted_mean,
+)
 from vatra.federated.params import ParamLayout
 
 
@@ -63,7 +77,7 @@ class Clustered(Strategy):
             if not members:
                 continue
             n = np.array([r.num_samples for r in members], dtype=np.float64)
-            loss = np.array([float(r.metrics["loss_after"]) for r in members])
+            loss = np.array([float(r.metrics.get("loss_after", 0.0)) for r in members])  # K = 1: none
             self.clusters[k] = (self.clusters[k].astype(np.float64) + weighted_mean(members)).astype(
                 np.float32
             )
@@ -71,6 +85,22 @@ class Clustered(Strategy):
             self.quality[k] = 1.0 / (1.0 + float(n @ loss / n.sum()))
         self.weights = self._integrate()
         return self.weights
+
+    def _check_model(self, metrics: dict[str, Any], required: bool) -> str | None:
+        """``model``: the index of one of the K cluster models (an int: ``1.0`` is not one)."""
+        if "model" in metrics and type(metrics["model"]) is not int:
+            return f"metric 'model' = {metrics['model']!r} is not an integer"
+        return check_range(metrics, "model", 0, self.cfg.clusters - 1, required=required)
+
+    def check_result(self, res: FitRes) -> str | None:
+        """The cluster the client trained and, with several to choose from, its loss after training."""
+        return self._check_model(res.metrics, True) or check_range(
+            res.metrics, "loss_after", 0.0, MAX_REPORTED, required=self.cfg.clusters > 1
+        )
+
+    def check_eval(self, rep: EvalRes) -> str | None:
+        """The cluster model the client scored, when it says (one of the K)."""
+        return self._check_model(rep.metrics, False)
 
     def configure_evaluate(self, rnd: int, clients: Sequence[int]) -> dict[int, FitIns]:
         """Clients score the cluster model with the lowest loss on their data (as in training)."""

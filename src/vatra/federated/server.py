@@ -14,6 +14,8 @@ import hashlib
 import os
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,7 +25,15 @@ from vatra.config import Config
 from vatra.data import DatasetSpec
 from vatra.errors import VatraError
 from vatra.federated import build_selector, build_strategy
-from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
+from vatra.federated._base import (
+    EvalRes,
+    Failure,
+    FitIns,
+    FitRes,
+    UploadHook,
+    check_eval_numbers,
+    check_fit_numbers,
+)
 from vatra.federated.client import initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.evaluate import Scorer, ServerEvaluator
@@ -180,13 +190,57 @@ class FederatedServer:
             self.strategy.load_state(*before)
             self.run_dir.log_event("aggregate_rejected", round=rnd, reason=f"non-finite values in {bad}")
 
+    def _checked(
+        self,
+        rnd: int,
+        ins: dict[int, FitIns],
+        replies: list[Any],
+        check: Callable[[Any], str | None],
+        phase: str,
+    ) -> tuple[list[Any], list[Failure]]:
+        """The replies whose numbers ``check`` accepts; each refusal is an ``update_rejected`` event
+        and a Failure of its client for the round (none for an id that was sent no task)."""
+        sent = Counter(r.client_id for r in replies)
+        kept: list[Any] = []
+        failures: dict[int, Failure] = {}
+        for r in replies:
+            reason: str | None
+            if r.client_id not in ins or r.round != rnd:
+                reason = f"a reply for client {r.client_id}, round {r.round}: no task of round {rnd}"
+            elif sent[r.client_id] > 1:
+                reason = f"client {r.client_id} sent {sent[r.client_id]} replies in round {rnd}"
+            else:
+                reason = check(r)
+            if reason is None:
+                kept.append(r)
+                continue
+            where = {"phase": phase} if phase != "fit" else {}
+            self.run_dir.log_event("update_rejected", client=r.client_id, round=rnd, reason=reason, **where)
+            if r.client_id in ins:
+                failures.setdefault(r.client_id, Failure(r.client_id, f"rejected: {reason}"))
+        return kept, list(failures.values())
+
+    def _check_fit(self, res: FitRes) -> str | None:
+        """Every number of a result that the server, the selector, the strategy or the hook reads."""
+        return (
+            check_fit_numbers(res)
+            or self.selector.check_result(res)
+            or self.strategy.check_result(res)
+            or self.hook.check_result(res)
+        )
+
+    def _check_eval(self, rep: EvalRes) -> str | None:
+        return check_eval_numbers(rep) or self.strategy.check_eval(rep)
+
     def evaluate(self, rnd: int, available: list[int]) -> dict[str, Any]:
         """The server's own score (when it has data) and, on evaluation rounds, the clients' reports."""
         out = self.evaluator.score(self.strategy.server_models())
         every = self.fcfg.evaluate_every
         if every and (rnd % every == 0 or rnd == self.fcfg.rounds):
-            reports, failures = self.executor.evaluate(rnd, self.strategy.configure_evaluate(rnd, available))
-            for f in failures:
+            ins = self.strategy.configure_evaluate(rnd, available)
+            reports, failures = self.executor.evaluate(rnd, ins)
+            reports, rejected = self._checked(rnd, ins, reports, self._check_eval, "evaluate")
+            for f in [*failures, *rejected]:
                 self.run_dir.log_event("client_eval_failed", round=rnd, client=f.client_id, reason=f.reason)
             out.update(self.strategy.aggregate_evaluate(rnd, sorted(reports, key=lambda r: r.client_id)))
         out["global_accuracy"] = out.get("server_accuracy", out.get("client_accuracy"))
@@ -199,6 +253,9 @@ class FederatedServer:
         selected = self.selector.select(rnd, available, k)
         ins = self.strategy.configure_round(rnd, selected)
         results, failures, down, up = self.executor.fit(rnd, ins, self.strategy.update_size())
+        # client-reported numbers out of range: the client fails the round before any state sees them
+        results, rejected = self._checked(rnd, ins, results, self._check_fit, "fit")
+        failures = [*failures, *rejected]
         results.sort(key=lambda r: r.client_id)  # aggregation order fixed: same sums everywhere
         # poisoning bounds (federated.robust): norms, sample counts, counts the clients declared
         results, screened = screen(results, self.fcfg.robust, getattr(self.executor, "declared", None))

@@ -11,7 +11,8 @@ path only ever sees masked words.
 What a client reports besides its update is cut to :data:`FIT_METRICS_WHITELIST` (evaluation
 replies: :func:`filter_eval_metrics`): no loss, update norm or cluster choice of one client leaves
 it. Adaptive clipping's count (Andrew et al. 2021) is one more coordinate of the update vector, so
-it is summed, masked and noised with the update, never seen alone.
+it is summed, masked and noised with the update, never seen alone. Without secure aggregation the
+server refuses an upload no honest client sends (:func:`.bounds.check_private_upload`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vatra.config import Config
 from vatra.errors import ConfigError, VatraError
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.privacy.accountant import Accountant
+from vatra.federated.privacy.bounds import check_private_upload, next_clip_norm
 from vatra.federated.secagg import (
     ClientParty,
     LocalParties,
@@ -168,6 +170,18 @@ class PrivateUpload(UploadHook):
             res.update = np.zeros(self.channel.expected, np.float32)
         return res
 
+    def check_result(self, res: FitRes) -> str | None:
+        """Client-level DP in the clear: the update within the clip norm it was sent and the count
+        a bit, each widened by the noise the client adds itself (under secure aggregation the
+        server sees placeholders; the masked sum is not checkable per client)."""
+        if self.dp.mode != "client" or self.sa.enabled:
+            return None
+        m = math.sqrt(max(self.channel.selected if self.channel is not None else 1, 1))
+        own = self.dp.noise_at == "clients"
+        noise = self.noise_std(self.clip_norm) / m if own else 0.0
+        count = self.count_std() / m if own else 0.0
+        return check_private_upload(res.update, self.count_coords, self.clip_norm, noise, count)
+
     def noise_std(self, clip: float) -> float:
         """Std of the noise on the sum; with adaptive clipping part of z pays for the noisy count."""
         z = self.dp.noise_multiplier
@@ -278,7 +292,9 @@ class PrivateUpload(UploadHook):
         )
         if self.count_coords:  # geometric step towards the clip_quantile of the update norms
             share = count / max(survivors, 1)
-            self.clip_norm *= math.exp(-self.dp.clip_lr * (share - self.dp.clip_quantile))
+            self.clip_norm = next_clip_norm(
+                self.clip_norm, share, self.dp.clip_lr, self.dp.clip_quantile, self.dp.clip_norm
+            )
             self.facts["dp_next_clip_norm"] = self.clip_norm
         return total
 
@@ -324,6 +340,8 @@ class PrivateUpload(UploadHook):
         """Restore what :meth:`state` saved: ε goes on counting from where the checkpoint left it."""
         try:
             self.clip_norm = float(state["clip_norm"])
+            if not 0 < self.clip_norm < math.inf:
+                raise ValueError(f"clip_norm {self.clip_norm} is not a positive finite number")
             self.accountant = Accountant(self.dp.delta, state["accountant"])
             self.per_client = {int(c): Accountant(self.dp.delta, h) for c, h in state["per_client"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as err:
