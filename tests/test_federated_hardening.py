@@ -165,6 +165,17 @@ def test_payload_rule_of_the_compression_hook_accepts_exactly_its_names() -> Non
     np.testing.assert_array_equal(got.update.size, 16)
 
 
+def test_a_compressed_update_claiming_a_huge_size_is_refused_before_allocating() -> None:
+    # A client may claim any update_floats: the hook checks it against the model before it
+    # allocates (2**60 floats would be a MemoryError, or swap, before the old size check ran).
+    cfg = small_config(federated={"compression": "topk"})
+    hook = CompressedUpload(cfg, ParamLayout(("a", "b"), ((3, 4), (4,))))
+    res = hook.encode(FitRes(0, 1, 5, np.arange(16, dtype=np.float32)), FitIns(0, 1, []))
+    res.metrics["update_floats"] = 2**60
+    with pytest.raises(WireError, match="parameter boundary"):
+        hook.decode(res)
+
+
 def test_malformed_fit_instructions_and_reports_raise_wire_errors() -> None:
     good = encode_ins(FitIns(1, 2, [np.zeros(3, np.float32)], {"local_steps": 2}))
     assert decode_ins(good).config == {"local_steps": 2}

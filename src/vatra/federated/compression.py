@@ -67,8 +67,9 @@ class CompressedUpload(UploadHook):
             return res  # sent dense
         try:
             total = int(res.metrics["update_floats"])
+            chunks = self._chunks(total)  # checks the size against the model before allocating
             update = np.empty(total, dtype=np.float32)
-            for i, (offset, size, shape) in enumerate(self._chunks(total)):
+            for i, (offset, size, shape) in enumerate(chunks):
                 if f"{i}.raw" in res.payload:
                     update[offset : offset + size] = res.payload[f"{i}.raw"]
                     continue
