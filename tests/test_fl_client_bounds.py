@@ -104,7 +104,9 @@ def test_a_result_naming_another_client_is_dropped(tmp_path: Path, monkeypatch: 
     run = RunDir(tmp_path / "run")
     summary = simulate(_cfg(selection="adaptive"), run, progress=False)
     assert summary["rounds"] == 2
-    assert any("no task" in e["reason"] for e in _rejections(run))
+    # the simulation knows which client it asked: the liar fails its round under its own id
+    failed = [e for e in read_jsonl(run.events) if e.get("event") == "client_failed"]
+    assert any(e["client"] == LIAR and "names client 1000000" in e["reason"] for e in failed)
 
 
 @pytest.mark.parametrize(

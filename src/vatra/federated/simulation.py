@@ -104,6 +104,8 @@ class SimulationExecutor:
                 failures.append(Failure(c, str(err)))
                 continue
             reason = check_update(res, expected)
+            if res.client_id != c:  # a result is kept under the client that was asked, not the one it names
+                reason = f"result names client {res.client_id}, but client {c} was asked"
             if reason:
                 failures.append(Failure(c, reason))
             else:
@@ -118,9 +120,14 @@ class SimulationExecutor:
         failures: list[Failure] = []
         for c, blob in zip(order, outs, strict=True):
             try:
-                reports.append(decode_eval_res(blob))
+                rep = decode_eval_res(blob)
             except WireError as err:
                 failures.append(Failure(c, str(err)))
+                continue
+            if rep.client_id != c:
+                failures.append(Failure(c, f"report names client {rep.client_id}, but client {c} was asked"))
+            else:
+                reports.append(rep)
         return reports, failures
 
     def close(self) -> None:
