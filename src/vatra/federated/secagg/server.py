@@ -4,7 +4,8 @@ It stays in the round while at least t clients answer each stage (:class:`RoundA
 leaves out every client whose reply is malformed, and checks each rebuilt secret against what its
 owner published before using it: a survivor's commitment H(b), a drop-out's public key s_pk. A
 secret that fails is decoded again (Berlekamp–Welch), which names the holders whose shares are
-wrong; the stages themselves are described in :mod:`vatra.federated.secagg.protocol`.
+wrong; the secrets still failing are then rebuilt again without them. The stages themselves are
+described in :mod:`vatra.federated.secagg.protocol`.
 """
 
 from __future__ import annotations
