@@ -32,7 +32,6 @@ from _common import print_table, write_result
 from vatra.config import SecureAggregationConfig
 from vatra.federated._base import FitRes, weighted_mean
 from vatra.federated.secagg import LocalParties, Quantizer, SecAggServer
-from vatra.federated.secagg.channel import ClientParty
 from vatra.federated.wire import check_update, decode_res, encode_res
 
 PLAIN = "wire.decode_res (read-only views of the messages) + check_update + weighted_mean"
@@ -81,7 +80,7 @@ class TimedParties(LocalParties):
     def deliver(self, stage: str, rnd: int, blobs: dict[int, bytes]) -> dict[int, bytes | str]:
         out: dict[int, bytes | str] = {}
         for cid, blob in blobs.items():
-            party = self.parties.setdefault(cid, ClientParty(cid, self.cfg, self.inputs))
+            party = self._party(cid)
             t0, c0 = time.perf_counter(), time.process_time()
             out[cid] = party.respond(blob)
             self.client_s[cid] = self.client_s.get(cid, 0.0) + time.perf_counter() - t0
@@ -93,6 +92,7 @@ def secure_round(updates: list[np.ndarray], mode: str, k: int, drop: float, prg:
     n = len(updates)
     cfg = SecureAggregationConfig(enabled=True, mode=mode, neighbours=k, prg=prg)
     parties = TimedParties(cfg, lambda cid, n1: Quantizer(cfg.bits, cfg.clip, n1).encode(updates[cid]))
+    parties.trained(1, range(n))
     dropped = round(drop * n)
     if dropped:
         parties.drops[(1, "masked_input")] = set(range(n - dropped, n))

@@ -130,7 +130,9 @@ def test_a_deployed_secagg_client_keeps_its_update_and_says_only_the_whitelist()
     res = FitRes(0, 1, 10, np.ones(SIX, np.float32), dict(CLIENT_METRICS))
     notice = device.encode(res, FitIns(0, 1, [], {"dp_clip_norm": 1.0, "dp_clients": 3}))
     assert notice.update.size == 0 and set(notice.metrics) == set(FIT_METRICS_WHITELIST)
-    assert device.pending is not None and device.pending.update.size == SIX + 1  # Δ and the clip bit
+    assert device.party is not None and device.party.update is not None
+    rnd, words = device.party.update  # what it masks in round 1's run: Δ, the clip bit, the weight
+    assert rnd == 1 and words(3).size == SIX + 2
 
 
 def test_evaluation_reports_keep_accuracy_and_count_only() -> None:

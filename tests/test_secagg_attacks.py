@@ -41,6 +41,7 @@ def _setup(
     rng = np.random.default_rng(n)
     xs = {c: rng.uniform(-1, 1, DIM) for c in range(n)}
     parties = LocalParties(client_cfg, lambda cid, n1: Quantizer(32, 1.0, n1).encode(xs[cid]))
+    parties.trained(1, range(n))
     return xs, parties, SecAggServer(1, server_cfg, list(range(n)), DIM, seed=n)
 
 
@@ -100,6 +101,7 @@ def test_a_repeated_stage_is_refused_and_ends_the_clients_round(stage: str) -> N
     cfg = SecureAggregationConfig(enabled=True)
     xs = {c: np.full(DIM, 0.1 * c) for c in range(n)}
     parties = _Repeat(cfg, lambda cid, n1: Quantizer(32, 1.0, n1).encode(xs[cid]), stage)
+    parties.trained(1, range(n))
     server = SecAggServer(1, cfg, list(range(n)), DIM)
     # Execute
     total = secure_sum(server, parties)
@@ -111,19 +113,27 @@ def test_a_repeated_stage_is_refused_and_ends_the_clients_round(stage: str) -> N
 
 
 def test_out_of_order_stages_and_old_rounds_are_refused() -> None:
-    party = ClientParty(0, SecureAggregationConfig(enabled=True), lambda cid, n1: np.zeros(DIM, np.uint32))
+    party = ClientParty(0, SecureAggregationConfig(enabled=True))
+
+    def words(n1: int) -> np.ndarray:
+        return np.zeros(DIM, np.uint32)
+
     with pytest.raises(SecAggError, match="has not begun"):
         party.respond(pack("share_keys", 1, {}))
+    party.trained(2, words)
     party.respond(pack("advertise", 2, {}))
     with pytest.raises(SecAggError, match="unmask request in round 2, expected share_keys"):
         party.respond(pack("unmask", 2, {"u3": [0, 1, 2]}))
     with pytest.raises(SecAggError, match="expected nothing"):  # the round is over for this client
         party.respond(pack("share_keys", 2, {}))
-    with pytest.raises(SecAggError, match="after round 2 began"):  # a round cannot be run again
+    with pytest.raises(SecAggError, match="no update left to mask"):  # a round cannot be run again
         party.respond(pack("advertise", 2, {}))
-    with pytest.raises(SecAggError, match="after round 2 began"):
+    with pytest.raises(SecAggError, match="no update left to mask"):
         party.respond(pack("advertise", 1, {}))
-    party.respond(pack("advertise", 3, {}))  # the next round is fine
+    with pytest.raises(SecAggError, match="train round 2 after round 2"):
+        party.trained(2, words)
+    party.trained(3, words)
+    party.respond(pack("advertise", 3, {}))  # the next round, once trained, is fine
 
 
 def _tamper(stage: str, cid: int, edit: Callable[[dict], dict]) -> Callable[[str, int, dict], dict]:
@@ -243,6 +253,7 @@ def test_malformed_reply_drops_the_client_at_every_stage(stage: str, how: str) -
     cfg = SecureAggregationConfig(enabled=True)
     xs = {c: np.full(DIM, 0.05 * c) for c in range(n)}
     parties = _Garble(cfg, lambda cid, n1: Quantizer(32, 1.0, n1).encode(xs[cid]), stage, GARBLE[how])
+    parties.trained(1, range(n))
     server = SecAggServer(1, cfg, list(range(n)), DIM)
     # Execute
     total = secure_sum(server, parties)

@@ -21,6 +21,7 @@ def _setup(n: int, mode: str = "full", k: int = 4, dim: int = DIM, seed: int = 0
     xs = {c: rng.uniform(-1, 1, dim) for c in range(n)}
     q = Quantizer(cfg.bits, cfg.clip, n)
     parties = LocalParties(cfg, lambda cid, n1: Quantizer(cfg.bits, cfg.clip, n1).encode(xs[cid]))
+    parties.trained(1, range(n))
     server = SecAggServer(1, cfg, list(range(n)), dim, seed=seed)
     return cfg, xs, q, parties, server
 
@@ -113,6 +114,7 @@ def test_sum_with_either_prg_and_a_smaller_ring(prg: str, bits: int) -> None:
     rng = np.random.default_rng(bits)
     xs = {c: rng.uniform(-1, 1, dim) for c in range(n)}
     parties = LocalParties(cfg, lambda cid, n1: Quantizer(bits, cfg.clip, n1).encode(xs[cid]))
+    parties.trained(1, range(n))
     parties.drops[(1, "masked_input")] = {7, 8}  # the server rebuilds their pairwise masks
     total = secure_sum(SecAggServer(1, cfg, list(range(n)), dim, seed=5), parties)
     assert total.dtype == np.uint32 and int(total.max()) < 2**bits

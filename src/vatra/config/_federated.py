@@ -167,6 +167,8 @@ class FederatedConfig(Section):
                 f"clients_per_round ({self.clients_per_round}) > clients ({self.clients}); lower it"
             )
         sa = self.secure_aggregation
-        if sa.enabled:  # a threshold that is no majority of the share holders fails here, not in round 1
-            sa.threshold_for(sa.holders_for(self.clients_per_round or self.clients))
+        if sa.enabled:  # a threshold that is no majority, or a ring too small, fails here, not in round 1
+            n = self.clients_per_round or self.clients
+            sa.threshold_for(sa.holders_for(n))
+            sa.check_ring(n, weighted=self.privacy.mode != "client")
         return self

@@ -351,7 +351,8 @@ def _format_error(err: ValidationError) -> str:
         )
     else:
         text = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        msg = f"{loc}: {text} (got {first.get('input')!r})"
+        given = first.get("input")  # a whole section (a check across its keys) names its keys itself
+        msg = f"{loc}: {text}" if isinstance(given, dict) else f"{loc}: {text} (got {given!r})"
     more = len(err.errors()) - 1
     return msg + (f" [+{more} more]" if more else "")
 

@@ -67,6 +67,24 @@ class SecureAggregationConfig(Section):
                 )
         return self
 
+    def check_ring(self, clients: int, *, weighted: bool) -> None:
+        """ValueError unless a round of ``clients`` fits the ring: each client's update words get at
+        least one of the 2^(bits−1) − 1 quantization steps of the signed sum (it never wraps), and
+        the summed weight, ≤ max_weight per client (1 unweighted) in a 32-bit word, stays < 2^32."""
+        steps = (1 << (self.bits - 1)) - 1
+        if clients > steps:
+            raise ValueError(
+                f"secure_aggregation.bits = {self.bits}: a round of {clients} clients needs at least "
+                f"{clients} quantization steps, the {self.bits}-bit sum holds {steps}; "
+                f"set bits to {clients.bit_length() + 1} or more"
+            )
+        if weighted and self.max_weight * clients >= 1 << 32:
+            raise ValueError(
+                f"secure_aggregation.max_weight = {self.max_weight}: {clients} clients' summed weight "
+                f"could reach {self.max_weight * clients}, past the 32-bit weight word; set max_weight "
+                f"to {((1 << 32) - 1) // clients} or less"
+            )
+
     def holders_for(self, clients: int) -> int:
         """Holders h of each client's shares in a round of ``clients``: all of them, or k + 1 (secagg+)."""
         if self.mode == "full" or self.neighbours >= clients - 1:

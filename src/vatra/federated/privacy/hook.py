@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,6 @@ from vatra.federated.secagg import (
     LocalParties,
     Quantizer,
     RoundAborted,
-    SecAggError,
     SecAggServer,
     secure_sum,
 )
@@ -42,6 +42,7 @@ from vatra.federated.secagg.deploy import HubChannel
 from vatra.federated.wire import encode_res
 from vatra.rundir import RunDir
 
+WEIGHT_WORDS = 1  # the weight w ends each masked vector, summed mod 2^32 whatever secure_aggregation.bits is
 LINEAR = ("fedavg", "fedprox", "fedadam", "fedyogi")
 FIT_METRICS_WHITELIST = ("duration_s", "train_time_s")  # a fit result's metrics under privacy
 EVAL_METRICS_WHITELIST = ("accuracy", "num_examples")  # an evaluation reply's metrics under privacy
@@ -63,7 +64,6 @@ class PrivateUpload(UploadHook):
     def __init__(self, cfg: Config, run_dir: RunDir | None = None, *, device: bool = False) -> None:
         self.cfg = cfg
         self.device = device  # a deployed client: keeps its update and answers the protocol itself
-        self.pending: FitRes | None = None
         self.party: ClientParty | None = None
         self.sa = cfg.federated.secure_aggregation
         self.dp = cfg.federated.privacy
@@ -144,19 +144,12 @@ class PrivateUpload(UploadHook):
     def _keep_on_device(self, res: FitRes) -> FitRes:
         """Deployed client with secure aggregation: the update stays here; the upload says 'trained'.
 
-        One protocol endpoint for the client's whole life (its once-per-round, rounds-only-up rule
-        spans rounds), and one training per round: a server that re-ran a round over the same
-        client with other survivors could subtract the two sums."""
-        if self.pending is not None and res.round <= self.pending.round:
-            raise SecAggError(
-                f"client {res.client_id}: asked to train round {res.round} after round {self.pending.round}; "
-                "refusing (a repeated round could unmask this client's update)"
-            )
-        self.pending = res
+        One protocol endpoint for the client's whole life: it trains each round once, rounds only
+        going up, and masks each update in one protocol run of its round (:class:`ClientParty`):
+        a server that ran two sums over the same update with other survivors could subtract them."""
         if self.party is None:
-            self.party = ClientParty(res.client_id, self.sa, lambda cid, n1: self.input_words(res, n1))
-        else:
-            self.party.inputs = lambda cid, n1: self.input_words(res, n1)
+            self.party = ClientParty(res.client_id, self.sa, wide=WEIGHT_WORDS)
+        self.party.trained(res.round, partial(self.input_words, res))  # SecAggError for an old round
         return FitRes(res.client_id, res.round, res.num_samples, np.zeros(0, np.float32), res.metrics)
 
     def respond(self, blob: bytes) -> bytes:
@@ -243,7 +236,8 @@ class PrivateUpload(UploadHook):
         if self.sa.enabled:
             assert self.channel is not None, "secure aggregation needs PrivateUpload.wrap(executor)"
             dim = self.channel.expected + 1  # the update (with its count coordinate), its weight
-            server = SecAggServer(rnd, self.sa, cids, dim, seed=self.cfg.run.seed * 100_003 + rnd)
+            seed = self.cfg.run.seed * 100_003 + rnd
+            server = SecAggServer(rnd, self.sa, cids, dim, seed=seed, wide=WEIGHT_WORDS)
             try:
                 words = secure_sum(server, self.channel)
             except RoundAborted as err:
@@ -267,6 +261,13 @@ class PrivateUpload(UploadHook):
             }
             if rejected := {**self.channel.link.rejected, **server.rejected}:
                 self._log("secagg_rejected", round=rnd, clients=rejected)
+            if weight > unit * survivors or (self.dp.mode == "client" and weight != survivors):
+                # an honest client's weight is at most max_weight (1 under client-level DP); the sum
+                # hides who sent more, so the round's result is refused, not one client's
+                self.facts["secagg_aborted"] = True
+                why = f"summed weight {weight:.0f} of {survivors} clients, each at most {unit}"
+                self._log("secagg_weight_refused", round=rnd, reason=why)
+                return []
         else:
             summed = np.sum([r.update.astype(np.float64) for r in results], axis=0)
             d = summed.size - self.count_coords
@@ -391,7 +392,7 @@ class PrivateExecutor:
         if hasattr(inner, "stage_tasks"):  # the gRPC hub: clients answer over the network
             self.link = HubChannel(inner)
         else:  # simulation: this object plays the devices
-            self.link = LocalParties(hook.sa, lambda cid, n1: hook.input_words(self.updates[cid], n1))
+            self.link = LocalParties(hook.sa, self._words, wide=WEIGHT_WORDS)
         if (drop := hook.cfg.chaos.drop_clients_at) is not None:
             self.link.chaos = (drop.round, drop.stage, drop.count)  # the highest ids drop
 
@@ -406,13 +407,18 @@ class PrivateExecutor:
         self.selected = len(ins)
         self.expected = expected + self.hook.count_coords  # uploads carry the clip count too
         results, failures, down, up = self.inner.fit(rnd, ins, self.expected)
-        if not self.hook.sa.enabled or isinstance(self.link, HubChannel):
+        if not self.hook.sa.enabled or not isinstance(self.link, LocalParties):
             return results, failures, down, up
         self.updates = {r.client_id: r for r in results}
+        self.link.trained(rnd, list(self.updates))  # each simulated device masks its update in round rnd only
         meta = [
             FitRes(r.client_id, r.round, r.num_samples, np.zeros(0, np.float32), r.metrics) for r in results
         ]
         return meta, failures, down, sum(len(encode_res(m)) for m in meta)
+
+    def _words(self, cid: int, clients: int) -> np.ndarray:
+        """What simulated device ``cid`` masks: its update (:meth:`PrivateUpload.input_words`)."""
+        return self.hook.input_words(self.updates[cid], clients)
 
     def exchange(self, stage: str, rnd: int, requests: dict[int, Any]) -> dict[int, Any]:
         return self.link.exchange(stage, rnd, requests)

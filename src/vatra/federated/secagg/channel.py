@@ -9,7 +9,8 @@ round survives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -39,21 +40,37 @@ def secure_sum(server: SecAggServer, channel: Channel) -> np.ndarray:
 
 
 InputFn = Callable[[int, int], np.ndarray]  # (client id, clients in the round) → words to mask
+WordsFn = Callable[[int], np.ndarray]  # one client's trained update: clients in the round → words
 
 
 class ClientParty:
     """One client's protocol endpoint: answers a packed request with a packed reply.
 
-    One protocol run per round, rounds only going up: an ``advertise`` for a round at or below
-    one already started is refused, as is any other stage of a round not in progress (a second
-    run over the same input with other survivors would let the server subtract the two sums).
+    Each trained update is masked by exactly one protocol run, of the round it was trained for.
+    :meth:`trained` hands the party round r's update (training rounds only go up); an
+    ``advertise`` for round r starts the run and takes the update with it. Refused, and ending
+    any run in progress: an ``advertise`` for a round the client did not train, a second run for
+    the same round, a run after the update was taken. Otherwise a server could run round r with
+    everyone, then a "round r + 1" over the same updates without the victim, and subtract the two
+    sums. Any other stage of a round not in progress is refused too.
     """
 
-    def __init__(self, cid: int, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
+    def __init__(self, cid: int, cfg: SecureAggregationConfig, *, wide: int = 0) -> None:
         self.cid = cid
         self.cfg = cfg
-        self.inputs = inputs
+        self.wide = wide  # trailing words masked mod 2^32 (the weight): SecAggClient.wide
         self.state: SecAggClient | None = None
+        self.update: tuple[int, WordsFn] | None = None  # (round, its words): trained, not yet in a run
+        self.last_trained: int | None = None
+
+    def trained(self, rnd: int, words: WordsFn) -> None:
+        """The update trained for round ``rnd``; SecAggError for a round at or below one already trained."""
+        if self.last_trained is not None and rnd <= self.last_trained:
+            raise SecAggError(
+                f"client {self.cid}: asked to train round {rnd} after round {self.last_trained}; "
+                "refusing (a repeated round could unmask this client's update)"
+            )
+        self.last_trained, self.update = rnd, (rnd, words)
 
     def respond(self, blob: bytes) -> bytes:
         """Raises SecAggError (e.g. a tampered share) — the client then leaves the round.
@@ -64,17 +81,17 @@ class ClientParty:
         except WireError as err:
             raise SecAggError(f"client {self.cid}: unreadable request ({err})") from None
         if stage == "advertise":
-            if self.state is not None and rnd <= self.state.rnd:
-                self.state.step = len(STAGES)  # a replayed round ends the one in progress too
-                began = self.state.rnd
-                raise SecAggError(
-                    f"client {self.cid}: advertise for round {rnd} after round {began} began; refusing"
-                )
-            self.state = SecAggClient(self.cid, rnd, self.cfg)
+            update, self.update = self.update, None  # one run per update, even a refused one
+            if update is None or update[0] != rnd:
+                if self.state is not None:
+                    self.state.step = len(STAGES)  # a deviating advertise ends the run in progress too
+                has = f"its update is round {update[0]}'s" if update else "it has no update left to mask"
+                raise SecAggError(f"client {self.cid}: advertise for round {rnd}, but {has}; refusing")
+            self.state = SecAggClient(self.cid, rnd, self.cfg, update[1], self.wide)
         st = self.state
         if st is None or st.rnd != rnd:
             raise SecAggError(f"client {self.cid}: {stage} request for round {rnd}, which it has not begun")
-        return pack(stage, rnd, st.answer(stage, req, lambda: self.inputs(self.cid, st.n1)))
+        return pack(stage, rnd, st.answer(stage, req))
 
     def respond_or_refuse(self, blob: bytes) -> bytes:
         try:
@@ -149,18 +166,29 @@ class CountingChannel:
 
 
 class LocalParties(CountingChannel):
-    """In-process clients (simulation, tests)."""
+    """In-process clients (simulation, tests); :meth:`trained` stands for each round's local training."""
 
-    def __init__(self, cfg: SecureAggregationConfig, inputs: InputFn) -> None:
+    def __init__(self, cfg: SecureAggregationConfig, inputs: InputFn, *, wide: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.inputs = inputs
+        self.wide = wide
         self.parties: dict[int, ClientParty] = {}
+
+    def _party(self, cid: int) -> ClientParty:
+        if cid not in self.parties:
+            self.parties[cid] = ClientParty(cid, self.cfg, wide=self.wide)
+        return self.parties[cid]
+
+    def trained(self, rnd: int, cids: Iterable[int]) -> None:
+        """Clients ``cids`` trained round ``rnd``: ``inputs(cid, n1)`` is what each masks in its run."""
+        for cid in cids:
+            self._party(cid).trained(rnd, partial(self.inputs, cid))
 
     def deliver(self, stage: str, rnd: int, blobs: dict[int, bytes]) -> dict[int, bytes | str]:
         out: dict[int, bytes | str] = {}
         for cid, blob in blobs.items():
-            party = self.parties.setdefault(cid, ClientParty(cid, self.cfg, self.inputs))
+            party = self._party(cid)
             try:
                 out[cid] = party.respond(blob)
             except SecAggError as err:

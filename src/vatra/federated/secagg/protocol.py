@@ -29,7 +29,9 @@ not n. Messages are plain dicts (bytes, ints, numpy arrays), packed for the wire
 which the server routes and collects with array operations.
 
 Mask arithmetic runs in uint32 with native wrap-around (mod 2^32, in place) and is reduced
-mod 2^bits once at the end, which gives the same words since 2^bits divides 2^32.
+mod 2^bits once at the end, which gives the same words since 2^bits divides 2^32. The last
+``wide`` words of a vector (the FedAvg weight) are not reduced: they are summed mod 2^32 whatever
+``bits`` is, so a total weight up to 2^32 − 1 never wraps.
 """
 
 from __future__ import annotations
@@ -88,16 +90,31 @@ def neighbour_graph(clients: list[int], cfg: SecureAggregationConfig, seed: int)
 class Quantizer:
     """Fixed point: x ∈ [−clip, clip] of each of at most ``clients`` clients → words mod 2^bits.
 
-    The scale leaves one bit of headroom so the signed sum of all clients never wraps.
+    Each client's words lie in [−s, s] with s = ⌊(2^(bits−1) − 1) / clients⌋ whole steps, so the
+    signed sum of all clients stays within [−(2^(bits−1) − 1), 2^(bits−1) − 1] and never wraps
+    (a scale of (2^(bits−1) − 1)/clients without the floor let round-to-nearest push each client
+    past its share: two clients at +clip summed to −2·clip). ValueError if s < 1.
     """
 
     bits: int
     clip: float
     clients: int
 
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(
+                f"{self.clients} clients leave less than one quantization step each in a {self.bits}-bit "
+                "ring; raise secure_aggregation.bits or lower the clients per round"
+            )
+
+    @property
+    def steps(self) -> int:
+        """Whole quantization steps for a value of ``clip``: each client's share of the signed range."""
+        return ((1 << (self.bits - 1)) - 1) // self.clients
+
     @property
     def scale(self) -> float:
-        return float((1 << (self.bits - 1)) - 1) / (self.clients * self.clip)
+        return self.steps / self.clip
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         q = np.rint(np.clip(x.astype(np.float64), -self.clip, self.clip) * self.scale).astype(np.int64)
@@ -137,11 +154,14 @@ class SecAggClient:
 
     :meth:`answer` is the only entry: each stage once, in :data:`STAGES` order. A refused or
     malformed request ends the client's part in the round — every later request is refused.
+    ``words`` is the update trained for this round: read once, at masked_input, then dropped.
     """
 
     cid: int
     rnd: int
     cfg: SecureAggregationConfig
+    words: Callable[[int], np.ndarray] | None  # clients in the round n1 → words to mask (uint32)
+    wide: int = 0  # trailing words masked mod 2^32, not mod 2^bits (the weight)
     step: int = 0  # stages answered or refused so far
     c_sk: bytes = b""
     s_sk: bytes = b""
@@ -154,11 +174,8 @@ class SecAggClient:
     held: dict[int, tuple[int, int]] = field(default_factory=dict)  # v → (share of b_v, share of s_sk_v)
     u2: list[int] = field(default_factory=list)  # neighbours whose shares reached this client
 
-    def answer(self, stage: str, req: Msg, inputs: Callable[[], np.ndarray]) -> Msg:
-        """The reply to ``stage``; SecAggError if it is not the next stage or breaks the protocol.
-
-        ``inputs`` gives the quantized words to mask (uint32, < 2^bits), read at masked_input.
-        """
+    def answer(self, stage: str, req: Msg) -> Msg:
+        """The reply to ``stage``; SecAggError if it is not the next stage or breaks the protocol."""
         expected = STAGES[self.step] if self.step < len(STAGES) else "nothing (its part is over)"
         if stage != expected:
             self.step = len(STAGES)
@@ -174,7 +191,7 @@ class SecAggClient:
             if stage == "share_keys":
                 return self._share_keys(req)
             if stage == "masked_input":
-                return self._masked_input(req, inputs)
+                return self._masked_input(req)
             return self._unmask(req)
         except SecAggError:
             self.step = len(STAGES)
@@ -231,7 +248,7 @@ class SecAggClient:
             out[v] = seal(key, plain, f"{self.rnd}|{self.cid}|{v}".encode())
         return {"ciphertexts": out, "b_commit": commitment(self.b_seed, commit_context(self.rnd, self.cid))}
 
-    def _masked_input(self, req: Msg, inputs: Callable[[], np.ndarray]) -> Msg:
+    def _masked_input(self, req: Msg) -> Msg:
         """Mask the quantized words; uint32 sums wrap mod 2^32 by themselves."""
         assert self.c_ka is not None and self.s_ka is not None  # share_keys came first (answer's order)
         sealed = req["ciphertexts"]
@@ -246,7 +263,10 @@ class SecAggClient:
         self.u2 = sorted(sealed)  # U2 as this client knows it: authenticated senders
         if len(self.u2) + 1 < self.t:
             raise SecAggError(f"client {self.cid}: only {len(self.u2)} neighbours left, threshold {self.t}")
-        x = inputs()
+        words, self.words = self.words, None
+        if words is None:
+            raise SecAggError(f"client {self.cid}: no update to mask in round {self.rnd}")
+        x = words(self.n1)
         kind, n = self.cfg.prg, x.size
         scratch = np.empty(n + 4, dtype=np.uint32)
         y = x.astype(np.uint32)  # a copy: masked in place, wrapping mod 2^32
@@ -255,7 +275,7 @@ class SecAggClient:
             seed = self.s_ka.derive(self.keys[v][1], pair_info(self.rnd, self.cid, v, "mask"))
             (np.add if self.cid < v else np.subtract)(y, prg(seed, n, kind, out=scratch), out=y)
         if self.cfg.bits < 32:
-            y &= np.uint32((1 << self.cfg.bits) - 1)
+            y[: n - self.wide] &= np.uint32((1 << self.cfg.bits) - 1)
         return {"y": y}
 
     def _unmask(self, req: Msg) -> Msg:
