@@ -16,6 +16,7 @@ from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials
 from vatra.federated.data import spec_from_json, spec_to_json
 from vatra.federated.guard import metadata_client
+from vatra.federated.model_spec import check_spec, spec_problem
 from vatra.federated.secagg.deploy import secagg_reply
 from vatra.federated.wire import (
     WireError,
@@ -43,6 +44,7 @@ class Hub:
         hook: UploadHook,
         spec: DatasetSpec | None = None,
     ) -> None:
+        self.config = cfg
         self.cfg = cfg.federated
         self.creds = creds
         self.run_dir = run_dir
@@ -76,19 +78,31 @@ class Hub:
             self.last_seen[cid] = time.monotonic()
         return cid
 
+    def _refuse_join(
+        self, context: grpc.ServicerContext, cid: int, code: grpc.StatusCode, reason: str
+    ) -> None:
+        self.run_dir.log_event("join_refused", client=cid, reason=reason)
+        context.abort(code, reason)
+
     def join(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         cid = self._auth(context)
         try:
             meta, _ = decode_views(request)
             spec = spec_from_json(meta.get("spec"))
+            check_spec(spec)
             given = meta.get("num_train")
             if not isinstance(given, int) or isinstance(given, bool) or not 0 < given < 2**53:
                 raise ValueError(f"num_train must be a positive integer, got {given!r}")
             rows = given
         except (WireError, ValueError, TypeError) as err:
             reason = f"client {cid}: a join must say the shape of its data ({err})"
-            self.run_dir.log_event("join_refused", client=cid, reason=reason)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+            self._refuse_join(context, cid, grpc.StatusCode.INVALID_ARGUMENT, reason)
+        with self.cond:
+            first = self.spec is None
+        problem = spec_problem(self.config, spec) if first else None  # outside the lock: builds on meta
+        if problem is not None:
+            reason = f"client {cid}: the server cannot build its model from this join: {problem}"
+            self._refuse_join(context, cid, grpc.StatusCode.INVALID_ARGUMENT, reason)
         with self.cond:
             if self.spec is None:
                 self.spec = spec
@@ -98,8 +112,7 @@ class Hub:
         if mine != theirs:
             diff = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs.get(k)}
             reason = f"client {cid}'s data does not fit the server's model: (client, server) = {diff}"
-            self.run_dir.log_event("join_refused", client=cid, reason=reason)
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+            self._refuse_join(context, cid, grpc.StatusCode.FAILED_PRECONDITION, reason)
         with self.cond:
             self.declared[cid] = rows
         self.run_dir.log_event("joined", client=cid, peer=context.peer(), rows=rows)

@@ -6,7 +6,8 @@ messages, :mod:`vatra.federated.wire`). Every call carries ``x-vatra-client`` an
 
 - ``Join`` — say hello with the shape of its data (:func:`~vatra.federated.data.spec_to_json`:
   input shape, classes; no rows, no names) and its training-row count. Without ``--eval-data`` the
-  server builds its model from the first client's spec; a client whose spec differs is refused.
+  server builds its model from the first client's spec, once it is in range and the model fits
+  ``max_message_mb``; a client whose spec differs, or is out of range, is refused.
 - ``Heartbeat`` — every ``heartbeat_s``; a client silent for ``heartbeat_s × heartbeat_misses`` is
   a drop-out (a failure of its round).
 - ``Poll`` — long poll: returns the client's task for the current phase (train, or evaluate on its
