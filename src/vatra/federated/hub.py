@@ -1,4 +1,20 @@
-"""The deployed server's state between the gRPC handler threads and the round loop (:class:`Hub`)."""
+"""The deployed server's state between the gRPC handler threads and the round loop (:class:`Hub`).
+
+The round loop posts one task per client for one *(round, phase)* — a fit task, or an evaluate
+task of the same round — and waits; handler threads hand each client its task (``Poll``) and take
+its answer (``Submit``). What a client can make the server do is bounded here:
+
+- ``Join``: the first joiner's data spec sizes the model (no ``--eval-data``), so it is checked
+  first (:func:`~vatra.federated.model_spec.spec_problem`); a bad one is refused with
+  ``INVALID_ARGUMENT`` and a ``join_refused`` event, and the server waits for another client.
+- ``Poll``: a task is logged (``task_sent``) and counted in ``bytes_down`` once, when first
+  handed out. The same task again (its answer lost) at most once per :data:`REFETCH_S`; a
+  faster poll is held like any long poll, so a flood costs neither log lines nor bandwidth.
+- ``Submit``: a result is for the (round, phase) posted when it arrived; it must be that phase's
+  type (a fit task takes only a ``FitRes``, an evaluate task only an ``EvalRes``), come from a
+  client that was handed that task, and be its first answer: one evaluation report per client per
+  round. One that finds another phase posted once it is read is refused and changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +46,8 @@ from vatra.federated.wire import (
 from vatra.rundir import RunDir
 
 SERVICE = "vatra.fl.Federation"
-POLL_WAIT_S = 2.0
+POLL_WAIT_S = 2.0  # a Poll with nothing new for its client answers "wait" after this long
+REFETCH_S = 1.0  # a client may fetch the task it already holds again once per this long
 
 
 class Hub:
@@ -53,10 +70,11 @@ class Hub:
         self.spec = spec  # the model's data spec: the server's eval data, else the first client's
         self.declared: dict[int, int] = {}  # training rows each client declared at join
         self.last_seen: dict[int, float] = {}
-        self.round = 0
+        self.round = 0  # (round, phase): the task set posted now; a result is only ever for it
         self.phase = "fit"
         self.round_deadline = 0.0  # monotonic: the whole round (training and secure aggregation)
         self.tasks: dict[int, bytes] = {}
+        self.sent: set[int] = set()  # clients handed this (round, phase)'s task
         self.expected = 0
         self.results: dict[int, FitRes | EvalRes] = {}
         self.failures: dict[int, str] = {}
@@ -66,6 +84,7 @@ class Hub:
         self.payload_ok: Callable[[str], bool] | None = None  # payload tensors a fit result may carry
         self.stage_tasks: dict[int, bytes] = {}  # secure aggregation: this stage's request per client
         self.stage_replies: dict[int, bytes | str] = {}
+        self.handed: dict[int, tuple[object, float]] = {}  # client → (what it was last handed, when)
 
     # ------------------------------------------------------------ handlers
     def _auth(self, context: grpc.ServicerContext) -> int:
@@ -136,55 +155,87 @@ class Hub:
         self._auth(context)
         return encode({"kind": "ok"})
 
+    def _pending(self, cid: int) -> tuple[object, bytes] | None:
+        """(what, request) the client should be handed now: a secure-aggregation stage, else its task."""
+        if cid in self.stage_tasks and cid not in self.stage_replies:
+            blob = self.stage_tasks[cid]
+            return ("stage", blob), blob
+        if cid in self.tasks and cid not in self.results and cid not in self.failures:
+            return (self.round, self.phase), self.tasks[cid]
+        return None
+
     def poll(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         cid = self._auth(context)
         deadline = time.monotonic() + POLL_WAIT_S
         with self.cond:
             while True:
-                if cid in self.stage_tasks and cid not in self.stage_replies:
-                    return self.stage_tasks[cid]
-                if cid in self.tasks and cid not in self.results and cid not in self.failures:
-                    blob = self.tasks[cid]
-                    self.bytes_down += len(blob)
-                    self.run_dir.log_event("task_sent", client=cid, round=self.round, bytes=len(blob))
-                    return blob
-                if self.done:
+                now = time.monotonic()
+                wake = deadline
+                pending = self._pending(cid)
+                if pending is not None:
+                    what, blob = pending
+                    last, at = self.handed.get(cid, (None, 0.0))
+                    if last != what or now - at >= REFETCH_S:
+                        self.handed[cid] = (what, now)
+                        if what == (self.round, self.phase) and cid not in self.sent:  # first hand-out
+                            self.sent.add(cid)
+                            self.bytes_down += len(blob)
+                            self.run_dir.log_event(
+                                "task_sent", client=cid, round=self.round, phase=self.phase, bytes=len(blob)
+                            )
+                        return blob
+                    wake = min(deadline, at + REFETCH_S)  # fetched again too soon: held like a long poll
+                elif self.done:
                     return encode({"kind": "done"})
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if deadline - now <= 0:
                     return encode({"kind": "wait"})
-                self.cond.wait(left)
+                self.cond.wait(max(wake - now, 0.0))
+
+    def _check(self, cid: int, res: FitRes | EvalRes) -> str | None:
+        """Why ``res`` from ``cid`` may not be the answer to the posted task (lock held), or None."""
+        rnd, phase = self.round, self.phase
+        kind = EvalRes if phase == "eval" else FitRes
+        if not isinstance(res, kind):
+            return f"a {type(res).__name__} answers no {phase} task"
+        if res.client_id != cid:
+            return f"update names client {res.client_id} but the token is client {cid}'s"
+        if res.round != rnd or cid not in self.tasks:
+            return f"update for round {res.round}, but client {cid} has no {phase} task in round {rnd}"
+        if cid not in self.sent:
+            return f"client {cid} answered round {rnd}'s {phase} task before it was handed the task"
+        if cid in self.results:
+            return f"client {cid} already returned round {rnd}'s {phase} task"
+        if cid in self.failures:
+            return f"round {rnd} was already closed for client {cid} ({self.failures[cid]})"
+        return check_update(res, self.expected) if isinstance(res, FitRes) else None
 
     def submit(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         cid = self._auth(context)
+        with self.cond:
+            rnd, phase = self.round, self.phase  # the only task this result may answer
+            self.bytes_up += len(request)
         reason = None
-        res: FitRes | EvalRes | None
+        res: FitRes | EvalRes | None = None
         try:
-            if self.phase == "eval":
+            if phase == "eval":
                 res = decode_eval_res(request)
             else:
                 res = self.hook.decode(decode_res(request, allowed_payload=self.payload_ok))
         except WireError as err:
-            res, reason = None, str(err)
+            reason = str(err)
         with self.cond:
-            self.bytes_up += len(request)
-            if res is not None and res.client_id != cid:
-                reason = f"update names client {res.client_id} but the token is client {cid}'s"
-            elif res is not None and (res.round != self.round or cid not in self.tasks):
-                reason = f"update for round {res.round}, but client {cid} has no task in round {self.round}"
-            elif res is not None and cid in self.results:
-                reason = f"client {cid} already returned round {self.round}"
-            elif res is not None and cid in self.failures:
-                reason = f"round {self.round} was already closed for client {cid} ({self.failures[cid]})"
-            elif isinstance(res, FitRes):
-                reason = check_update(res, self.expected)
-            if reason is None and res is not None:
-                self.results[cid] = res
-            elif cid in self.tasks and cid not in self.results:
-                self.failures.setdefault(cid, f"rejected: {reason}")
-            self.cond.notify_all()
+            if (self.round, self.phase) != (rnd, phase):  # the next task was posted while it was read
+                reason = f"round {rnd}'s {phase} phase ended before this result was read; nothing taken"
+            else:
+                if res is not None:
+                    reason = self._check(cid, res)
+                if reason is None and res is not None:
+                    self.results[cid] = res
+                elif cid in self.tasks and cid not in self.results:
+                    self.failures.setdefault(cid, f"rejected: {reason}")
+                self.cond.notify_all()
         if reason is not None:
-            self.run_dir.log_event("update_rejected", client=cid, round=self.round, reason=reason)
+            self.run_dir.log_event("update_rejected", client=cid, round=rnd, phase=phase, reason=reason)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         return encode({"kind": "accepted"})
 
@@ -235,6 +286,7 @@ class Hub:
         with self.cond:
             self.round, self.expected, self.phase = rnd, expected, phase
             self.tasks = {c: encode_ins(i) for c, i in ins.items()}
+            self.sent = set()
             self.results, self.failures = {}, {}
             self.bytes_down = self.bytes_up = 0
             self.cond.notify_all()

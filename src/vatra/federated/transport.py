@@ -13,8 +13,8 @@ messages, :mod:`vatra.federated.wire`). Every call carries ``x-vatra-client`` an
 - ``Poll`` — long poll: returns the client's task for the current phase (train, or evaluate on its
   own held-out rows: ``config["phase"] == "evaluate"``), ``wait`` or ``done``.
 - ``Submit`` — the client's update or evaluation report; rejected (INVALID_ARGUMENT, with the
-  reason, logged in events.jsonl) when it is for another round, has the wrong shape or dtype, or
-  holds NaN/inf.
+  reason, logged in events.jsonl) when it answers no task the client was handed, repeats an answer,
+  has the wrong shape or dtype, or holds NaN/inf. The server side is :class:`~vatra.federated.hub.Hub`.
 
 Each client holds its own data (``vatra fl client --data``; the server never builds client data)
 and the server evaluates on its own held-out file when given (``vatra fl server --eval-data``).
@@ -38,9 +38,9 @@ import torch
 from vatra.config import Config
 from vatra.data import DatasetSpec, build_dataset
 from vatra.errors import ConfigError, VatraError
-from vatra.federated._base import UploadHook
+from vatra.federated._base import EvalRes, UploadHook
 from vatra.federated.certs import ServerCredentials, client_credentials
-from vatra.federated.client import LocalClient, initial_weights
+from vatra.federated.client import LocalClient, TaskRefused, initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import (
     ClientData,
@@ -278,8 +278,17 @@ def run_client(
                     continue
                 ins = decode_ins(blob)
                 if ins.config.get("phase") == "evaluate":
-                    report = local.evaluate(ins, personal)
-                    remote.call("Submit", encode_eval_res(report))
+                    try:
+                        report = local.evaluate(ins, personal)
+                    except TaskRefused as err:  # a round this client has left: the server hears nothing
+                        say(f"round {ins.round}: evaluation refused: {err}")
+                        report = EvalRes(client_id, ins.round, 0, {})
+                    try:
+                        remote.call("Submit", encode_eval_res(report))
+                    except grpc.RpcError as err:
+                        if err.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                            raise
+                        say(f"round {ins.round}: evaluation report rejected: {err.details()}")
                     continue
                 try:
                     res, personal = local.fit(ins, personal)
