@@ -20,6 +20,7 @@ from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import Plugin, Trainer, seed_everything
 from vatra.engine.optim import build_optimizer, build_scheduler
 from vatra.engine.trainer import call_model
+from vatra.errors import VatraError
 from vatra.federated._base import EvalRes, FitIns, FitRes, UploadHook
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import ClientData
@@ -85,11 +86,18 @@ def local_steps(conf: dict[str, Any], rows: int, batch_size: int) -> int:
     return int(conf["local_steps"])
 
 
+class TaskRefused(VatraError):
+    """A task the client will not run: an evaluation of a round that is over for it (a server may
+    not use a client's held-out rows as an oracle)."""
+
+
 class LocalClient:
     """Trains and scores whichever client a task names, on that client's rows; reusable across clients.
 
     ``personal`` holds per-client head vectors (personalized strategy); a simulation worker
-    passes them in and out, a deployed client keeps its own.
+    passes them in and out, a deployed client keeps its own. A client evaluates at most once per
+    round, and only the round it is in (the newest it was given a task for): asked again for that
+    round it repeats its report, asked for an earlier round ``evaluate`` raises :class:`TaskRefused`.
     """
 
     def __init__(
@@ -107,6 +115,8 @@ class LocalClient:
         self.scorer = Scorer(cfg, self.model, spec, self.loss)
         self.hook = hook or build_upload_hook(cfg, self.layout)
         self.speeds = client_speeds(cfg.run.seed, cfg.federated.clients, cfg.federated.speed_sigma)
+        self.in_round: dict[int, int] = {}  # client → the newest round it was given a task for
+        self.reports: dict[int, EvalRes] = {}  # client → its report on the last round it evaluated
 
     def _candidates(self, ins: FitIns, personal: np.ndarray | None) -> tuple[list[np.ndarray], int]:
         head = self.layout.head_size(int(ins.config.get("personal_layers", 0)))
@@ -161,6 +171,7 @@ class LocalClient:
     def fit(self, ins: FitIns, personal: np.ndarray | None = None) -> tuple[FitRes, np.ndarray | None]:
         """Train one round; returns the (hook-encoded) result and the client's new personal head."""
         cid, conf = ins.client_id, ins.config
+        self.in_round[cid] = max(self.in_round.get(cid, 0), ins.round)
         data = self.data_of(cid)
         batch = self.cfg.train.batch_size
         steps = local_steps(conf, data.num_train, batch)
@@ -206,14 +217,27 @@ class LocalClient:
         return self.hook.encode(res, ins), (trained[-head:].copy() if head else None)
 
     def evaluate(self, ins: FitIns, personal: np.ndarray | None = None) -> EvalRes:
-        """Score the model(s) sent on this client's own held-out rows (the hook filters the report)."""
+        """Score the model(s) sent on this client's own held-out rows (the hook filters the report),
+        once per round and only for the round the client is in: the same round again gets the same
+        report (a retry, or other weights sent as a probe: nothing new either way)."""
         cid = ins.client_id
-        data = self.data_of(cid)
+        done = self.reports.get(cid)
+        if done is not None and done.round == ins.round:
+            return done
+        now = self.in_round.get(cid, 0)
+        if ins.round < now:
+            raise TaskRefused(f"an evaluation of round {ins.round}, but client {cid} is in round {now}")
+        self.in_round[cid] = ins.round
+        self.reports[cid] = report = self.hook.encode_eval(self._score(ins, personal))
+        return report
+
+    def _score(self, ins: FitIns, personal: np.ndarray | None) -> EvalRes:
+        data = self.data_of(ins.client_id)
         if not data.num_val:
-            return self.hook.encode_eval(EvalRes(cid, ins.round, 0, {}))
+            return EvalRes(ins.client_id, ins.round, 0, {})
         candidates, _ = self._candidates(ins, personal)
         chosen, _ = self._choose(data, candidates)
         metrics: dict[str, Any] = dict(self.scorer.score(candidates[chosen], data.val, data.val_rows))
         if len(candidates) > 1:
             metrics["model"] = chosen
-        return self.hook.encode_eval(EvalRes(cid, ins.round, data.num_val, metrics))
+        return EvalRes(ins.client_id, ins.round, data.num_val, metrics)
