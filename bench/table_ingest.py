@@ -47,7 +47,8 @@ def main() -> None:
 
     from deltalake import write_deltalake
 
-    from vatra.data.tables.delta import Table, ingest, read_file
+    from vatra.data.tables.delta import Table, read_file
+    from vatra.data.tables.writer import ingest
 
     times: dict[str, list[float]] = {
         "plain": [],

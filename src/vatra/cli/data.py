@@ -81,7 +81,12 @@ def ingest(
     files: Annotated[list[Path], typer.Argument(help="CSV or Parquet files to append.")],
     table: Annotated[str, typer.Option("--table", help="The Delta table (created by the first ingest).")],
     force: Annotated[
-        bool, typer.Option("--force", help="Accept files that break the pinned schema (recorded).")
+        bool,
+        typer.Option(
+            "--force",
+            help="Accept files that break the pinned schema (recorded); a value the table's type "
+            "cannot hold is stored as null (counted).",
+        ),
     ] = False,
     max_categories: Annotated[
         int,
@@ -100,9 +105,12 @@ def ingest(
 
     The first ingest infers the schema (types, nulls, value ranges, categories) and pins it at
     <table>/_vatra/schema.yaml, a pandera schema you may edit. A later file that breaks it is
-    refused (every failing column listed, nothing written) unless --force.
+    refused (every failing column listed, nothing written) unless --force. Every value is stored
+    exactly or the ingest is refused; after `vatra data schema update` widened a column, the ingest
+    widens the table's column too (its earlier rows rewritten in the wider type).
     """
-    from vatra.data.tables.delta import SchemaRefused, ingest
+    from vatra.data.tables.delta import SchemaRefused
+    from vatra.data.tables.writer import ingest
 
     target = _table(table, config, option)
     try:
@@ -124,6 +132,8 @@ def ingest(
         print(f"forced past {len(done.violations)} schema violation(s), recorded in the commit and events:")
         for line in done.violations:
             print(f"  {line}")
+    for column, change in done.widened.items():
+        print(f"  column {column}: the table's type widened ({change}), its earlier rows rewritten as such")
     for column, n in done.nulled.items():
         print(f"  column {column}: {n} value(s) that the table's type cannot hold were stored as null")
 
@@ -350,7 +360,10 @@ def drift(
     page = html or Path(f"drift-v{against}-{what}.html")
     write_html(report, reference, current, page, title=f"{target.uri}: v{against} against {label}")
     if json_out is not None:
-        json_out.write_text(json.dumps(report.to_json(), indent=2))
+        try:
+            json_out.write_text(json.dumps(report.to_json(), indent=2))
+        except OSError as err:
+            raise ConfigError(f"--json {json_out}: cannot write it ({err.strerror}); name a file") from None
     print(report.summary_line())
     print(f"report: {page}")
     if report.drifted:

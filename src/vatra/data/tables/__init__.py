@@ -11,13 +11,13 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "Ingested": "delta",
+    "Ingested": "writer",
     "SchemaRefused": "delta",
     "Table": "delta",
     "TableError": "delta",
     "diff": "delta",
     "history": "delta",
-    "ingest": "delta",
+    "ingest": "writer",
     "show": "delta",
     "ColumnDrift": "drift",
     "DriftReport": "drift",

@@ -9,9 +9,10 @@ A table is a standard Delta Lake table (delta-rs writes it; Spark, DuckDB, Polar
   ``vatra data schema update``;
 * ``events.jsonl``: what was accepted against the schema (``--force``) and every schema change.
 
-Each ingest is one Delta commit whose ``vatra.ingest`` commit metadata records the source files
-(name, sha256, rows), the schema hash, and whether it was forced and with which violations, so
-``vatra data log`` can say what made each version.
+Each ingest (:mod:`vatra.data.tables.writer`) is one Delta commit whose ``vatra.ingest`` commit
+metadata records the source files (name, sha256, rows), the schema hash, whether it was forced and
+with which violations, and any column it widened, so ``vatra data log`` can say what made each
+version.
 
 Rows of a version are read file by file in the order the files were added (then by path), so a
 version always yields the same rows in the same order: a training run pinned to it splits and
@@ -20,7 +21,7 @@ shuffles them the same way every time.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    from vatra.data.tables.schema import TableSchema, Violation
+    from vatra.data.tables.schema import TableSchema
 
 META_DIR = "_vatra"
 SCHEMA_FILE = "schema.yaml"  # the pinned pandera schema, in META_DIR
@@ -109,7 +110,14 @@ class Table:
         if not uri:
             raise ConfigError("data.path: name the Delta table (a folder or s3://bucket/prefix)")
         if not is_remote(uri):
-            uri = str(Path(uri.removeprefix("file://")).expanduser().resolve())
+            path = Path(uri.removeprefix("file://")).expanduser().resolve()
+            found = next((p for p in (path, *path.parents) if p.exists()), path)
+            if not found.is_dir():
+                where = "" if found == path else f" ({found} is a file)"
+                raise ConfigError(
+                    f"{path} is not a folder{where}; a Delta table is a folder: name a new or existing one"
+                )
+            uri = str(path)
         return cls(uri.rstrip("/"), dict(options or {}))
 
     def exists(self) -> bool:
@@ -127,6 +135,8 @@ class Table:
                 f"{self.uri}: no Delta table there; create one with: "
                 f"vatra data ingest FILE --table {self.uri}"
             )
+        if version is not None and version < 0:
+            raise ConfigError(f"{self.uri}: no version {version}; versions count from 0 (see vatra data log)")
         try:
             dt = dl.DeltaTable(self.uri, storage_options=self.delta_options)
             if version is not None:
@@ -255,195 +265,17 @@ def local_files(dt: DeltaTable) -> list[str] | None:
     return [f"{root}/{p}" for p in file_order(dt)]
 
 
-# ---------------------------------------------------------------- ingest
-@dataclass
-class Ingested:
-    """What one ingest did."""
-
-    version: int
-    rows: int
-    files: list[dict[str, Any]]
-    schema_created: bool
-    schema_hash: str
-    forced: bool = False
-    violations: list[str] = field(default_factory=list)
-    nulled: dict[str, int] = field(default_factory=dict)
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
+# ---------------------------------------------------------------- reading files to ingest
 def read_file(path: str) -> pa.Table:
     """One CSV or Parquet file, every column (CSV types inferred by pyarrow)."""
     from vatra.data.table import read_schema, read_table
 
+    if Path(path).is_dir():
+        raise ConfigError(f"{path} is a folder; name the CSV or Parquet files in it ({path}/*.csv)")
     try:
         return read_table([path], list(read_schema(path).names))
     except ConfigError as err:
-        raise ConfigError(str(err).replace("data.path: ", "", 1)) from None
-
-
-def _conform(batch: pa.Table, target: pa.Schema) -> tuple[pa.Table, dict[str, int]]:
-    """``batch`` with the table's columns and types: compatible types cast exactly, a missing column
-    filled with nulls, an extra one kept (the commit adds it). A value that cannot be held in the
-    column's type (text in a number column, a fraction in an integer column) becomes null and is
-    counted: only a forced ingest gets here with such values, and the counts go into its record."""
-    pa = require("pyarrow", "tables", FEATURE)
-    import pyarrow.compute as pc
-
-    nulled: dict[str, int] = {}
-    cols: list[Any] = []
-    names: list[str] = []
-    for fld in target:
-        if fld.name not in batch.column_names:
-            cols.append(pa.nulls(batch.num_rows, fld.type))
-            names.append(fld.name)
-            nulled[fld.name] = batch.num_rows
-            continue
-        col = batch.column(fld.name)
-        if col.type != fld.type:
-            try:
-                col = pc.cast(col, fld.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                col, lost = _lossy_cast(col, fld.type)
-                nulled[fld.name] = lost
-        cols.append(col)
-        names.append(fld.name)
-    for name in batch.column_names:
-        if name not in names:
-            cols.append(batch.column(name))
-            names.append(name)
-    return pa.Table.from_arrays(cols, names=names), nulled
-
-
-def _lossy_cast(col: Any, to: pa.DataType) -> tuple[Any, int]:
-    """``col`` as ``to``, a null where a value does not survive the round trip; (column, nulls made)."""
-    pa = require("pyarrow", "tables", FEATURE)
-    import pyarrow.compute as pc
-
-    values = col.to_pylist()
-    out: list[Any] = []
-    lost = 0
-    for v in values:
-        if v is None:
-            out.append(None)
-            continue
-        try:
-            cast = pc.cast(pa.array([v]), to, safe=True)[0].as_py()
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            cast = None
-        if cast is None:
-            lost += 1
-        out.append(cast)
-    return pa.array(out, type=to), lost
-
-
-def ingest(
-    table: Table,
-    files: Sequence[str],
-    *,
-    force: bool = False,
-    max_categories: int = 50,
-    range_margin: float = 0.25,
-) -> Ingested:
-    """Append ``files`` (CSV / Parquet) to ``table`` as one commit, validated against the pinned schema.
-
-    The first ingest infers the schema from the files (unless the user already put one at
-    ``_vatra/schema.yaml``) and pins it. Every later ingest is validated lazily, all violations of
-    all files collected; any violation refuses the whole ingest (:class:`SchemaRefused`, nothing
-    written) unless ``force``, which accepts it and records the violations in the commit and in
-    ``_vatra/events.jsonl``.
-    """
-    dl = _deltalake()
-    pa = require("pyarrow", "tables", FEATURE)
-    from vatra.data.tables.schema import TableSchema, report_lines, summary_line
-
-    if not files:
-        raise ConfigError("vatra data ingest: name at least one CSV or Parquet file")
-    missing = [f for f in files if not Path(f).is_file()]
-    if missing:
-        raise ConfigError(f"vatra data ingest: no such file: {missing[0]}")
-    batches = [read_file(f) for f in files]
-    records = [
-        {"name": Path(f).name, "sha256": _sha256(f), "rows": b.num_rows}
-        for f, b in zip(files, batches, strict=True)
-    ]
-    exists = table.exists()
-    schema = table.schema()
-    created = schema is None
-    if schema is None:
-        if exists:
-            raise ConfigError(
-                f"{table.uri}: a Delta table without a pinned schema ({META_DIR}/schema.yaml); "
-                f"pin one from its rows with: vatra data schema update {table.uri}"
-            )
-        schema = TableSchema.infer(concat(batches), max_categories=max_categories, range_margin=range_margin)
-    violations: list[Violation] = []
-    for f, b in zip(files, batches, strict=True):
-        found = schema.validate(b)
-        violations.extend(_in_file(v, f, len(files)) for v in found)
-    rows = sum(b.num_rows for b in batches)
-    if violations and not force:
-        raise SchemaRefused(
-            f"{summary_line(violations, rows)}; nothing was written. Fix the file(s), accept them with "
-            "--force, or change the schema with: vatra data schema update",
-            report_lines(violations),
-        )
-    data = concat(batches)
-    nulled: dict[str, int] = {}
-    extra = False  # columns the table lacks: the commit merges them into its schema
-    if exists:
-        current = arrow_schema(table.open())
-        data, nulled = _conform(data, current)
-        extra = bool(set(data.column_names) - set(current.names))
-    lines = report_lines(violations)
-    meta = {
-        "files": records,
-        "rows": rows,
-        "schema_hash": schema.hash,
-        "forced": bool(violations),
-        "violations": lines,
-        "nulled": nulled,
-    }
-    if created:
-        table.pin_schema(schema)
-    try:
-        dl.write_deltalake(
-            table.uri,
-            data,
-            mode="append",
-            schema_mode="merge" if extra else None,
-            storage_options=table.delta_options or None,
-            commit_properties=dl.CommitProperties(custom_metadata={COMMIT_KEY: json.dumps(meta)}),
-        )
-    except (OSError, pa.ArrowInvalid, dl.exceptions.DeltaError) as err:
-        raise TableError(f"{table.uri}: the ingest was not committed: {_one_line(err)}") from None
-    version = table.latest()
-    if created:
-        table.log_event("schema_pinned", version=version, schema_hash=schema.hash, inferred=True)
-    if violations:
-        table.log_event(
-            "forced_ingest",
-            version=version,
-            files=[r["name"] for r in records],
-            violations=lines,
-            nulled=nulled,
-        )
-    return Ingested(version, rows, records, created, schema.hash, bool(violations), lines, nulled)
-
-
-def _in_file(v: Violation, path: str, n_files: int) -> Violation:
-    """The violation, naming its file when several were ingested together."""
-    if n_files == 1:
-        return v
-    from dataclasses import replace
-
-    return replace(v, check=f"{v.check} in {Path(path).name}")
+        raise ConfigError(_one_line(err).replace("data.path: ", "", 1)) from None
 
 
 def concat(batches: list[pa.Table]) -> pa.Table:
@@ -473,7 +305,8 @@ def history(table: Table) -> list[VersionInfo]:
     for h in sorted(dt.history(), key=lambda h: int(h["version"])):
         v = int(h["version"])
         metrics = h.get("operationMetrics") or {}
-        record = h.get(COMMIT_KEY)
+        raw = h.get(COMMIT_KEY)
+        record = json.loads(raw) if isinstance(raw, str) else None
         try:
             snap = table.open(v)
             rows: int | None = int(
@@ -481,7 +314,10 @@ def history(table: Table) -> list[VersionInfo]:
             )
         except (VatraError, KeyError):
             rows = None  # a version whose files were vacuumed
-        added = metrics.get("num_added_rows")
+        # an ingest that widened a column rewrote the earlier rows too: its record has the batch's
+        added = (
+            record["rows"] if isinstance(record, dict) and "rows" in record else metrics.get("num_added_rows")
+        )
         out.append(
             VersionInfo(
                 v,
@@ -489,7 +325,7 @@ def history(table: Table) -> list[VersionInfo]:
                 str(h.get("operation", "")),
                 None if added is None else int(added),
                 rows,
-                json.loads(record) if isinstance(record, str) else None,
+                record,
             )
         )
     return out
@@ -571,6 +407,18 @@ def column_summary(col: Any) -> dict[str, Any]:
     return out
 
 
+def _as_types(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` with each column that ``schema`` gives another type cast to it where that is exact."""
+    pa = require("pyarrow", "tables", FEATURE)
+    cols = []
+    for name, col in zip(t.column_names, t.columns, strict=True):
+        if name in schema.names and col.type != schema.field(name).type:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                col = col.cast(schema.field(name).type, safe=True)  # else the rows differ
+        cols.append(col)
+    return pa.table(cols, names=t.column_names)
+
+
 def diff(table: Table, v1: int, v2: int) -> Diff:
     """Rows added and removed from ``v1`` to ``v2`` (exact: rows of rewritten files are matched by
     content) and each column's summary at both versions."""
@@ -578,6 +426,8 @@ def diff(table: Table, v1: int, v2: int) -> Diff:
     f1, f2 = set(file_order(d1)), set(file_order(d2))
     only1 = read_version(d1, only=f1 - f2) if f1 - f2 else None
     only2 = read_version(d2, only=f2 - f1) if f2 - f1 else None
+    if only1 is not None and only2 is not None:  # a widened column: 1 and 1.0 are the same row
+        only1 = _as_types(only1, only2.schema)
     h1 = _row_hashes(only1) if only1 is not None else np.zeros(0, dtype=np.uint64)
     h2 = _row_hashes(only2) if only2 is not None else np.zeros(0, dtype=np.uint64)
     t1, t2 = read_version(d1), read_version(d2)
