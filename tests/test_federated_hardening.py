@@ -348,7 +348,8 @@ def test_an_oversized_message_is_refused_before_any_handler_and_the_server_stays
     call, md = guarded["call"], guarded["md"]
     huge = bytes(2 * MIN_MESSAGE)  # twice the 1 MiB limit
     no_token = (("x-vatra-client", "0"), ("x-vatra-token", "guess"))
-    assert _code(call, huge, metadata=no_token, timeout=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Without a token the body is never awaited (UNAUTHENTICATED); with one, gRPC refuses it unread.
+    assert _code(call, huge, metadata=no_token, timeout=10) == grpc.StatusCode.UNAUTHENTICATED
     assert _code(call, huge, metadata=md[0], timeout=10) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert guarded["calls"] == []
     # A tighter limit once the model is known: refused before the handler, authenticated or not.
@@ -400,7 +401,7 @@ def test_deployed_server_rate_limits_rejections_and_refuses_oversized_calls(tmp_
     assert [c.join_result(30) for c in clients] == [1, 1]
     # Assert
     assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 20
-    assert oversized == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert oversized == grpc.StatusCode.UNAUTHENTICATED  # refused without awaiting its body
     rejected = [e for e in read_jsonl(tmp_path / "run" / "events.jsonl") if e["event"] == "rejected"]
     assert len(rejected) == 1 and rejected[0]["suppressed"] == 0  # 19 held back within 10 s
 

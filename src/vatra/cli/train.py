@@ -216,11 +216,8 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
 
 
 def _report_after_failure(rd: RunDir) -> None:
-    """The run failed for good: write report.html from what the workers logged (best effort)."""
-    try:
-        require("matplotlib", "report", "report.html")
-        from vatra.monitor.report import write_report  # matplotlib: only when a report is made
+    """The run failed for good: write report.html from what the workers logged (best effort: the
+    workers' failure is the error to show, not this one)."""
+    from vatra.monitor.aftercare import report_after_training
 
-        write_report(rd.path)
-    except Exception as err:  # the workers' failure is the error to show, not this one
-        print(f"vatra: could not write the report: {type(err).__name__}: {err}", flush=True)
+    report_after_training(rd.path, None, rd.log_event)

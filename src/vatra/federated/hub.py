@@ -33,6 +33,7 @@ from vatra.federated.certs import ServerCredentials
 from vatra.federated.data import spec_from_json, spec_to_json
 from vatra.federated.guard import metadata_client
 from vatra.federated.model_spec import check_spec, spec_problem
+from vatra.federated.remote import SERVICE
 from vatra.federated.secagg.deploy import secagg_reply
 from vatra.federated.wire import (
     WireError,
@@ -45,7 +46,6 @@ from vatra.federated.wire import (
 )
 from vatra.rundir import RunDir
 
-SERVICE = "vatra.fl.Federation"
 POLL_WAIT_S = 2.0  # a Poll with nothing new for its client answers "wait" after this long
 REFETCH_S = 1.0  # a client may fetch the task it already holds again once per this long
 

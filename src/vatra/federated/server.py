@@ -340,12 +340,9 @@ class FederatedServer:
 
     def _report(self, summary: dict[str, Any]) -> None:
         """report.html with the per-round curves (``monitor.report``); a plotting error only logs."""
-        from vatra.monitor.report import write_report  # matplotlib: imported only when a report is made
+        from vatra.monitor.aftercare import report_after_training
 
-        try:
-            write_report(self.run_dir.path, summary=summary)
-        except Exception as err:  # the figures are already in metrics.jsonl and summary.json
-            self.run_dir.log_event("report_failed", error=f"{type(err).__name__}: {err}")
+        report_after_training(self.run_dir.path, summary, self.run_dir.log_event)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         """Final figures, read back from metrics.jsonl so a resumed run counts every round once."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +50,14 @@ from vatra.federated.data import (
 )
 from vatra.federated.guard import (
     TokenAuth,
-    max_concurrent_rpcs,
+    guarded_server,
     payload_rule,
     receive_limit,
     server_options,
 )
-from vatra.federated.hub import POLL_WAIT_S, SERVICE, Hub
+from vatra.federated.hub import POLL_WAIT_S, Hub
 from vatra.federated.privacy import build_private_hook
+from vatra.federated.remote import RemoteServer, backoff_s
 from vatra.federated.secagg import SecAggError
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
@@ -68,14 +68,6 @@ from vatra.federated.wire import (
     encode_res,
 )
 from vatra.rundir import RunDir
-
-# gRPC's default reconnect backoff grows to 120 s: a client that started before its server, or
-# outlived a server restart, would sit idle long after the server is back. Cap it at 2 s.
-RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
 
 
 def message_sizes(cfg: Config, floats: int) -> tuple[int, int]:
@@ -134,13 +126,7 @@ def serve(
     else:
         upload = download = int(cfg.federated.max_message_mb * 2**20)
         auth.request_limit = receive_limit(0)
-    calls = max_concurrent_rpcs(cfg.federated.clients)
-    server = grpc.server(
-        ThreadPoolExecutor(max_workers=calls),
-        interceptors=[auth],
-        options=server_options(upload, download),
-        maximum_concurrent_rpcs=calls,
-    )
+    server = guarded_server(auth, cfg.federated.clients, upload, download)
     server.add_generic_rpc_handlers((hub.handler(),))
     tls = grpc.ssl_server_credentials([(creds.key, creds.cert)])
     try:
@@ -172,27 +158,6 @@ def serve(
         server.stop(grace=1.0)
 
 
-class RemoteServer:
-    """A client's connection: TLS channel plus its id and token on every call."""
-
-    def __init__(
-        self, target: str, ca: bytes, client_id: int, token: str, options: list[tuple[str, int]] | None = None
-    ) -> None:
-        creds = grpc.ssl_channel_credentials(root_certificates=ca)
-        self.channel = grpc.secure_channel(target, creds, options=[*(options or []), *RECONNECT_OPTIONS])
-        self.metadata = (("x-vatra-client", str(client_id)), ("x-vatra-token", token))
-        self.calls = {
-            m: self.channel.unary_unary(f"/{SERVICE}/{m}")
-            for m in ("Join", "Heartbeat", "Poll", "Submit", "SecAgg")
-        }
-
-    def call(self, method: str, payload: bytes = b"", timeout: float = 30.0) -> bytes:
-        return self.calls[method](payload, metadata=self.metadata, timeout=timeout)
-
-    def close(self) -> None:
-        self.channel.close()
-
-
 def client_data(cfg: Config, data: str | ClientData | None) -> ClientData:
     """This client's own data: ``--data`` (a file, folder or import string), or the config's data section."""
     if isinstance(data, ClientData):
@@ -220,7 +185,9 @@ def run_client(
     ``data`` is what this owner holds (``--data``); without it the config's data section is. The
     client trains on its training split and evaluates on its own validation split; its rows and
     their labels never leave this process.
-    Survives a server restart: on UNAVAILABLE it reconnects for up to ``retry_s`` seconds.
+    Survives a server restart (UNAVAILABLE: it reconnects and joins again) and a busy server
+    (RESOURCE_EXHAUSTED: the call is sent again) for up to ``retry_s`` seconds, with a capped
+    exponential back-off and jitter between attempts.
     ``slow_s`` sleeps before each upload (a slow device, for drills and tests).
     """
     if not 0 <= client_id < cfg.federated.clients:
@@ -231,14 +198,14 @@ def run_client(
     local = LocalClient(cfg, own.spec, lambda _cid: own, hook or build_private_hook(cfg, device=True))
     hello = encode({"kind": "join", "spec": spec_to_json(own.spec), "num_train": own.num_train})
     upload, download = message_sizes(cfg, local.layout.size)  # what it sends, what it may receive
-    remote = RemoteServer(target, ca, client_id, token, server_options(download, upload))
+    remote = RemoteServer(target, ca, client_id, token, server_options(download, upload), busy_s=retry_s)
     stop = threading.Event()
     personal: np.ndarray | None = None
 
     def beat() -> None:
         while not stop.wait(cfg.federated.heartbeat_s):
             try:
-                remote.call("Heartbeat", timeout=cfg.federated.heartbeat_s * 2)
+                remote.call("Heartbeat", timeout=cfg.federated.heartbeat_s * 2, retry=False)
             except grpc.RpcError:
                 continue
 
@@ -248,6 +215,7 @@ def run_client(
 
     trained = 0
     last_ok = time.monotonic()
+    outages = 0  # failed attempts since the server last answered: the back-off's exponent
     joined = False
     threading.Thread(target=beat, daemon=True).start()
     try:
@@ -258,7 +226,7 @@ def run_client(
                     joined = True
                     say(f"joined {target}")
                 blob = remote.call("Poll", timeout=POLL_WAIT_S + 30)
-                last_ok = time.monotonic()
+                last_ok, outages = time.monotonic(), 0
                 meta, _ = decode(blob)
                 if meta.get("kind") == "done":
                     say(f"done after {trained} round(s)")
@@ -317,7 +285,8 @@ def run_client(
                         f"client {client_id}: server {target} unreachable for {retry_s:g} s"
                     ) from None
                 joined = False
-                time.sleep(0.5)
+                time.sleep(backoff_s(outages))
+                outages += 1
     finally:
         stop.set()
         remote.close()

@@ -12,6 +12,7 @@ from vatra._extras import require
 from vatra.config import MonitorConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
+from vatra.monitor.aftercare import best_effort
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
@@ -115,7 +116,7 @@ class PrometheusExporter(Plugin):
             self.server = None
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
-        self._stop()
+        best_effort("exporter", self._stop, trainer.log_event)  # never fails a finished run
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         self._stop()
@@ -221,7 +222,7 @@ class StepTracer(Plugin):
             self.out = None
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
-        self._stop()
+        best_effort("exporter", self._stop, trainer.log_event)  # never fails a finished run
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         self._stop()

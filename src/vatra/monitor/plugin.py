@@ -17,6 +17,7 @@ from vatra._extras import MissingExtra, require
 from vatra.config import Config
 from vatra.engine import Plugin
 from vatra.engine.signals import Verdict, stream_mask
+from vatra.monitor.aftercare import report_after_training
 from vatra.monitor.collect import SystemSampler, module_grad_norms
 from vatra.monitor.ensemble import Alarm, Ensemble
 from vatra.rundir import RunDir
@@ -324,9 +325,7 @@ class Monitor(Plugin):
             except MissingExtra as err:  # the run succeeded; the page can be written later
                 print(f"vatra: report.html not written: {err}", flush=True)
                 return
-            from vatra.monitor.report import write_report  # matplotlib: only where a report is made
-
-            write_report(self.run_dir.path, summary=summary)
+            report_after_training(self.run_dir.path, summary, self.run_dir.log_event)  # never fails the run
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         # No report here: rendering takes seconds, and while rank 0 plots, its peers wait and the

@@ -169,6 +169,18 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _per_rank(rows: list[dict[str, Any]], x: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """A per-rank list metric as (points,) x values and a (points, ranks) matrix. A run resumed on
+    another world size logs lists of another length: a rank absent at a point is NaN there (a gap
+    in its line), as is a value that is not a number."""
+    per = [(r[x], r[key]) for r in rows if isinstance(r.get(key), list) and x in r]
+    ranks = max((len(values) for _, values in per), default=0)
+    mat = np.full((len(per), ranks), np.nan)
+    for i, (_, values) in enumerate(per):
+        mat[i, : len(values)] = [v if isinstance(v, int | float) else np.nan for v in values]
+    return np.asarray([p[0] for p in per], float), mat
+
+
 def _plot_panel(panel: Panel, rows: list[dict[str, Any]], events: list[dict[str, Any]], x: str) -> str | None:
     present = [k for k in panel.keys if any(k in r for r in rows)]
     if not present:
@@ -183,10 +195,7 @@ def _plot_panel(panel: Panel, rows: list[dict[str, Any]], events: list[dict[str,
         ]
         ax.stackplot(xs, ys, labels=[k.removesuffix("_s").replace("_", " ") for k in present], alpha=0.8)
     elif isinstance(next(r[present[0]] for r in rows if present[0] in r), list):
-        key = present[0]
-        per = [(r[x], r[key]) for r in rows if isinstance(r.get(key), list) and x in r]
-        xs = np.asarray([p[0] for p in per], float)
-        mat = np.asarray([p[1] for p in per], float)  # (points, ranks)
+        xs, mat = _per_rank(rows, x, present[0])
         for rank in range(mat.shape[1]):
             style = {
                 "marker": ".",
