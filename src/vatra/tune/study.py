@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 # whose heartbeat is older than the grace period is failed by the next worker that asks, and retried.
 HEARTBEAT_S = 5
 GRACE_S = 20
+# A RUNNING trial that names no worker this long after it started was asked for by a worker killed
+# before it could name itself (kill -9 between ask and set_user_attr, milliseconds apart): no one
+# will ever finish it, so it is failed and retried like a dead worker's trial.
+ORPHAN_GRACE_S = 20.0
 POLL_S = 0.5  # how often the runner and idle workers look at the storage
 
 
@@ -166,11 +171,18 @@ def _alive(worker: dict[str, Any]) -> bool:
         return False
 
 
+def _orphaned(trial: FrozenTrial) -> bool:
+    """A RUNNING trial that names no worker ``ORPHAN_GRACE_S`` after it started (see there)."""
+    start = trial.datetime_start  # optuna's local time, as datetime.now() gives it
+    return start is None or (datetime.now() - start).total_seconds() > ORPHAN_GRACE_S
+
+
 def fail_stale(study: optuna.Study) -> list[int]:
     """Fail RUNNING trials whose worker is gone, and queue them again; returns their numbers.
 
     On this machine a dead worker is seen at once (its pid is gone, or is another process now);
-    on an RDB storage optuna's heartbeat catches the trials of other machines' dead workers.
+    on an RDB storage optuna's heartbeat catches the trials of other machines' dead workers. A
+    trial that names no worker is failed after ``ORPHAN_GRACE_S``, on any storage.
     """
     import optuna
     from optuna.storages._heartbeat import is_heartbeat_enabled
@@ -180,7 +192,10 @@ def fail_stale(study: optuna.Study) -> list[int]:
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
-        if not isinstance(worker, dict) or worker.get("host") != host or _alive(worker):
+        if not isinstance(worker, dict):
+            if not _orphaned(t):
+                continue
+        elif worker.get("host") != host or _alive(worker):
             continue
         try:
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
