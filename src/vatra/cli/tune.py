@@ -92,7 +92,10 @@ def tune(
     study: str | None = typer.Argument(None, help="show/best: the study folder (runs/<study>) or its name."),
     workers: int | None = typer.Option(None, "--workers", help="Trial worker processes here (tune.workers)."),
     storage: str | None = typer.Option(
-        None, "--storage", help="'' = journal file in the study folder, or postgresql://user@host:port/db."
+        None,
+        "--storage",
+        help="'' = journal file in the study folder, or postgresql://user@host:port/db (password: "
+        "PGPASSWORD or ~/.pgpass).",
     ),
     join: str | None = typer.Option(None, "--join", help="Join this existing study (on --storage)."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -134,6 +137,14 @@ def _run(path: Path, workers: int | None, storage: str | None, join: str | None,
     make_pruner(cfg)  # its usage errors before any worker starts
     make_sampler(cfg.tune, 0)
     run = Study(cfg, cfg.tune.workers, join=join is not None)
+    if run.password is not None:
+        print(
+            "vatra: the password in tune.storage is kept out of the study's files and the workers' "
+            "command lines (they get it as PGPASSWORD); set PGPASSWORD or use ~/.pgpass to keep it "
+            "out of your config and command line too",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"vatra: study {run.name} in {run.folder} ({cfg.tune.workers} worker(s))", flush=True)
     result = run.run(trial_overrides(path), Progress(cfg))
     if cfg.monitor.report:  # the study's report.html; the trials write none (a trial's time)

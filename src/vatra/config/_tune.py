@@ -80,7 +80,8 @@ class TuneConfig(Section):
     storage: str = Field(
         "",
         description="'' = the journal file runs/<study>/journal.log; or postgresql://user@host:port/db "
-        "(many machines join one study).",
+        "(many machines join one study; the password from PGPASSWORD or ~/.pgpass: one in the URL is "
+        "kept out of every file and worker command line).",
     )
     study: str = Field("", description="Study name; '' = run.name. Its folder is <run.out_dir>/<study>.")
     trial_nproc: int = Field(1, ge=1, description="Processes per trial (2 = a 2-rank distributed run).")

@@ -61,7 +61,7 @@ def importances(study: optuna.Study) -> dict[str, float]:
 
 def write_study_json(study: optuna.Study, run: Study) -> Path:
     """``<study folder>/study.json``, rewritten whole (atomically) each time."""
-    from vatra.tune.study import redact
+    from vatra.tune._secret import redact
 
     rows = trial_rows(study)
     done = ranked({"trials": rows, "direction": run.cfg.tune.direction})

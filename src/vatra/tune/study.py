@@ -12,6 +12,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from vatra._extras import require
 from vatra.config import Config, TuneConfig, dump_toml
 from vatra.errors import ConfigError, VatraError
 from vatra.rundir import append_jsonl
+from vatra.tune._secret import PASSWORD_ENV, redact, split_password
 
 if TYPE_CHECKING:
     import optuna
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
 # whose heartbeat is older than the grace period is failed by the next worker that asks, and retried.
 HEARTBEAT_S = 5
 GRACE_S = 20
+# A RUNNING trial that names no worker this long after it started was asked for by a worker killed
+# before it could name itself (kill -9 between ask and set_user_attr, milliseconds apart): no one
+# will ever finish it, so it is failed and retried like a dead worker's trial.
+ORPHAN_GRACE_S = 20.0
 POLL_S = 0.5  # how often the runner and idle workers look at the storage
 
 
@@ -46,9 +52,12 @@ def storage_url(cfg: Config, folder: Path) -> str:
     return cfg.tune.storage or str((folder / "journal.log").resolve())
 
 
-def open_storage(url: str, *, on_stale: Callable[..., None] | None = None) -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str, *, on_stale: Callable[..., None] | None = None, password: str | None = None
+) -> optuna.storages.BaseStorage:
     """A journal file (a path), or an RDB storage (``postgresql://…``, with a heartbeat so that a
-    dead machine's trial is failed and retried)."""
+    dead machine's trial is failed and retried). ``password`` goes to the driver, never into ``url``;
+    without it libpq reads PGPASSWORD, PGPASSFILE or ~/.pgpass itself."""
     optuna = require("optuna", "tune", "vatra tune")
     if "://" not in url:
         from optuna.storages.journal import JournalFileBackend
@@ -70,19 +79,12 @@ def open_storage(url: str, *, on_stale: Callable[..., None] | None = None) -> op
                 heartbeat_interval=HEARTBEAT_S,
                 grace_period=GRACE_S,
                 heartbeat_stale_trial_callback=on_stale,
-                engine_kwargs={"pool_pre_ping": True},
+                engine_kwargs={"pool_pre_ping": True}
+                | ({"connect_args": {"password": password}} if password is not None else {}),
             )
     except Exception as err:  # sqlalchemy's OperationalError: no server, bad credentials
-        raise VatraError(f"tune.storage: cannot open {redact(url)}: {str(err).splitlines()[0]}") from None
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for logs and study.json."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in creds:
-        return url
-    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
+        why = redact(str(err).splitlines()[0])
+        raise VatraError(f"tune.storage: cannot open {redact(url)}: {why}") from None
 
 
 def make_sampler(
@@ -166,11 +168,18 @@ def _alive(worker: dict[str, Any]) -> bool:
         return False
 
 
+def _orphaned(trial: FrozenTrial) -> bool:
+    """A RUNNING trial that names no worker ``ORPHAN_GRACE_S`` after it started (see there)."""
+    start = trial.datetime_start  # optuna's local time, as datetime.now() gives it
+    return start is None or (datetime.now() - start).total_seconds() > ORPHAN_GRACE_S
+
+
 def fail_stale(study: optuna.Study) -> list[int]:
     """Fail RUNNING trials whose worker is gone, and queue them again; returns their numbers.
 
     On this machine a dead worker is seen at once (its pid is gone, or is another process now);
-    on an RDB storage optuna's heartbeat catches the trials of other machines' dead workers.
+    on an RDB storage optuna's heartbeat catches the trials of other machines' dead workers. A
+    trial that names no worker is failed after ``ORPHAN_GRACE_S``, on any storage.
     """
     import optuna
     from optuna.storages._heartbeat import is_heartbeat_enabled
@@ -180,7 +189,10 @@ def fail_stale(study: optuna.Study) -> list[int]:
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker = t.user_attrs.get("worker")
-        if not isinstance(worker, dict) or worker.get("host") != host or _alive(worker):
+        if not isinstance(worker, dict):
+            if not _orphaned(t):
+                continue
+        elif worker.get("host") != host or _alive(worker):
             continue
         try:
             study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
@@ -197,7 +209,12 @@ def fail_stale(study: optuna.Study) -> list[int]:
 
 @dataclass
 class Study:
-    """One ``vatra tune`` invocation: the base config, its study folder, storage and workers."""
+    """One ``vatra tune`` invocation: the base config, its study folder, storage and workers.
+
+    A password in ``tune.storage`` is taken out of it here (``password``): the config written to
+    the study folder, and so every trial's, and the workers' command lines hold the URL without it;
+    the workers get it as PGPASSWORD.
+    """
 
     cfg: Config
     workers: int
@@ -206,7 +223,10 @@ class Study:
     def __post_init__(self) -> None:
         self.name = study_name(self.cfg)
         self.folder = study_dir(self.cfg)
-        self.url = storage_url(self.cfg, self.folder)
+        self.url, self.password = split_password(storage_url(self.cfg, self.folder))
+        if self.password is not None:
+            tune = self.cfg.tune.model_copy(update={"storage": self.url})
+            self.cfg = self.cfg.model_copy(update={"tune": tune})
 
     def open(self) -> optuna.Study:
         """Create the study (or load it: the same command resumes); ``join`` needs it to exist."""
@@ -214,7 +234,7 @@ class Study:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         if "://" not in self.url:  # the journal file lives in the study folder
             self.folder.mkdir(parents=True, exist_ok=True)
-        storage = open_storage(self.url, on_stale=retry)
+        storage = open_storage(self.url, on_stale=retry, password=self.password)
         direction = self.cfg.tune.direction
         if self.join:
             try:
@@ -280,6 +300,8 @@ class Study:
         for item in overrides:
             args += ["--set", item]
         env = dict(os.environ)
+        if self.password is not None:  # libpq reads it there; a command line is visible in ps
+            env[PASSWORD_ENV] = self.password
         # W workers each using every core would oversubscribe the CPU (as torchrun does for ranks)
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.workers)))
         return subprocess.Popen(args, env=env)
