@@ -7,12 +7,9 @@ small plots of their own, so new features show up without touching this file.
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import itertools
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 
+from vatra._html import CSS, fmt, png
 from vatra.errors import ConfigError, VatraError
 from vatra.monitor.progress import headline
 from vatra.rundir import read_jsonl
@@ -162,13 +160,6 @@ def _mark(ax: Axes, events: list[dict[str, Any]], x: str, seen: set[str]) -> Non
         seen.add(label)
 
 
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 def _per_rank(rows: list[dict[str, Any]], x: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """A per-rank list metric as (points,) x values and a (points, ranks) matrix. A run resumed on
     another world size logs lists of another length: a rank absent at a point is NaN there (a gap
@@ -237,7 +228,7 @@ def _plot_panel(panel: Panel, rows: list[dict[str, Any]], events: list[dict[str,
     ax.set_xlabel(x)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    return _png(fig)
+    return png(fig)
 
 
 def _extra_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -252,18 +243,8 @@ def _extra_keys(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _table(rows: Sequence[tuple[str, Any]]) -> str:
-    cells = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>" for k, v in rows
-    )
+    cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(fmt(v))}</td></tr>" for k, v in rows)
     return f"<table class='kv'>{cells}</table>"
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else str(v)
-    if isinstance(v, dict | list):
-        return json.dumps(v, default=str)
-    return str(v)
 
 
 def _events_table(events: list[dict[str, Any]], x: str) -> str:
@@ -281,27 +262,14 @@ def _events_table(events: list[dict[str, Any]], x: str) -> str:
         }
         colour = EVENT_STYLE.get(_event_kind(e), ("#444", "", ""))[0].removeprefix("tab:")
         body.append(
-            f"<tr><td>{html.escape(_fmt(e.get(x, '')))}</td>"
+            f"<tr><td>{html.escape(fmt(e.get(x, '')))}</td>"
             f"<td style='color:{colour}'><b>{html.escape(_event_kind(e))}</b></td>"
-            f"<td>{html.escape(_fmt(e.get('rank', '')))}</td><td>{html.escape(str(what))}</td>"
-            f"<td class='ev'>{html.escape(_fmt(rest))}</td></tr>"
+            f"<td>{html.escape(fmt(e.get('rank', '')))}</td><td>{html.escape(str(what))}</td>"
+            f"<td class='ev'>{html.escape(fmt(rest))}</td></tr>"
         )
     more = len(events) - len(shown)
     note = f"<p>{more} more events in events.jsonl.</p>" if more > 0 else ""
     return f"<table class='events'>{head}{''.join(body)}</table>{note}"
-
-
-CSS = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1560px}
-h1{margin-bottom:4px} .sub{color:#666;margin-top:0}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(640px,1fr));gap:12px}
-.grid img{width:100%;border:1px solid #ddd;border-radius:4px}
-table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-table.kv th{background:#f4f4f4} table.events td.ev{font-family:monospace;font-size:11px;max-width:720px;
-word-break:break-all} .cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
-.card{border:1px solid #ddd;border-radius:6px;padding:8px 14px;min-width:120px}
-.card b{display:block;font-size:20px}
-"""
 
 
 def write_report(

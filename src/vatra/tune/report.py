@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vatra._html import CSS, png, pyplot
 from vatra.errors import ConfigError
 from vatra.rundir import read_jsonl
 
@@ -106,9 +107,7 @@ def state_counts(data: dict[str, Any]) -> dict[str, int]:
 
 
 def _history(data: dict[str, Any]) -> str:
-    import matplotlib.pyplot as plt
-
-    from vatra.monitor.report import _png
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7.2, 3.2))
     done = [t for t in data["trials"] if t["state"] == "COMPLETE"]
@@ -132,22 +131,20 @@ def _history(data: dict[str, Any]) -> str:
     ax.set_ylabel(data["objective"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _png(fig)
+    return png(fig)
 
 
 def _importances(data: dict[str, Any]) -> str | None:
     if not data["importances"]:
         return None
-    import matplotlib.pyplot as plt
-
-    from vatra.monitor.report import _png
+    plt = pyplot()
 
     items = sorted(data["importances"].items(), key=lambda kv: kv[1])
     fig, ax = plt.subplots(figsize=(7.2, 0.4 * len(items) + 1.2))
     ax.barh([k for k, _ in items], [v for _, v in items], color="C2")
     ax.set_title("Parameter importances (optuna, PED-ANOVA)", fontsize=11)
     ax.grid(alpha=0.3, axis="x")
-    return _png(fig)
+    return png(fig)
 
 
 def _regions(events: list[dict[str, Any]]) -> str | None:
@@ -167,9 +164,7 @@ def _regions(events: list[dict[str, Any]]) -> str | None:
         series.setdefault(str(e.get("param")), []).append((float(e.get("trial", 0)), low, high))
     if not series:
         return None
-    import matplotlib.pyplot as plt
-
-    from vatra.monitor.report import _png
+    plt = pyplot()
 
     fig, axes = plt.subplots(len(series), 1, figsize=(7.2, 1.8 * len(series) + 0.6), squeeze=False)
     for ax, (param, pts) in zip(axes[:, 0], sorted(series.items()), strict=True):
@@ -183,7 +178,7 @@ def _regions(events: list[dict[str, Any]]) -> str | None:
         ax.grid(alpha=0.3)
     axes[0, 0].set_title("Adaptive search region over trials", fontsize=11)
     axes[-1, 0].set_xlabel("trial")
-    return _png(fig)
+    return png(fig)
 
 
 def _moves_table(events: list[dict[str, Any]]) -> str:
@@ -221,7 +216,6 @@ def write_report(folder: Path) -> Path:
     from vatra._extras import require
 
     require("matplotlib", "report", "the study report")
-    from vatra.monitor.report import CSS
 
     data = json.loads((folder / "study.json").read_text())
     events = read_jsonl(folder / "events.jsonl") if (folder / "events.jsonl").is_file() else []

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from vatra._html import CSS, fmt, png, pyplot
 from vatra.data.tables.drift import ColumnDrift, DriftReport, category_counts, numeric_values
 from vatra.errors import write_failed
 
@@ -71,7 +72,7 @@ def _changed(col: ColumnDrift, cur: np.ndarray, ref: np.ndarray, sources: np.nda
 def _numeric_plot(
     col: ColumnDrift, reference: pa.Table, current: pa.Table, sources: np.ndarray | None
 ) -> Any:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ref, cur = numeric_values(reference[col.column]), numeric_values(current[col.column])
     finite_r, finite_c = ref[~np.isnan(ref)], cur[~np.isnan(cur)]
@@ -95,7 +96,7 @@ def _numeric_plot(
 
 
 def _categorical_plot(col: ColumnDrift, reference: pa.Table, current: pa.Table) -> Any:
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     r, c = category_counts(reference[col.column]), category_counts(current[col.column])
     nr, nc = max(sum(r.values()), 1), max(sum(c.values()), 1)
@@ -112,8 +113,6 @@ def _categorical_plot(col: ColumnDrift, reference: pa.Table, current: pa.Table) 
 
 
 def _table(report: DriftReport) -> str:
-    from vatra.monitor.report import _fmt
-
     head = "".join(
         f"<th>{h}</th>"
         for h in (
@@ -129,7 +128,7 @@ def _table(report: DriftReport) -> str:
     )
     body = []
     for c in report.columns:
-        stats = "".join(f"<td>{_fmt(c.stats[k]) if k in c.stats else ''}</td>" for k in STAT_COLUMNS)
+        stats = "".join(f"<td>{fmt(c.stats[k]) if k in c.stats else ''}</td>" for k in STAT_COLUMNS)
         nulls = f"{c.stats['null_share_reference']:.3g} / {c.stats['null_share_current']:.3g}"
         body.append(
             f"<tr class='{'drifted' if c.drifted else ''}'><td><b>{html.escape(c.column)}</b></td>"
@@ -144,7 +143,6 @@ def write_html(
     report: DriftReport, reference: pa.Table, current: pa.Table, path: Path, *, title: str
 ) -> Path:
     """Write the report's page to ``path`` (atomically) and return it."""
-    from vatra.monitor.report import CSS, _png  # sets matplotlib's Agg backend
 
     sources = None
     if report.source_column and report.source_column in current.column_names:
@@ -157,7 +155,7 @@ def write_html(
             if col.kind == "numeric"
             else _categorical_plot(col, reference, current)
         )
-        images.append(f"<img alt='{html.escape(col.column)}' src='data:image/png;base64,{_png(fig)}'>")
+        images.append(f"<img alt='{html.escape(col.column)}' src='data:image/png;base64,{png(fig)}'>")
     more = len(order) - MAX_PLOTS
     note = f"<p class='sub'>{more} more columns not plotted (at most {MAX_PLOTS}).</p>" if more > 0 else ""
     skipped = "".join(
