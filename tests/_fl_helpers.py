@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vatra.config import Config
-from vatra.federated.transport import run_client, serve
+from vatra.federated.grpc import run_client, serve
 from vatra.launch import free_port
 from vatra.rundir import RunDir
 

@@ -18,8 +18,8 @@ from tests.conftest import ROOT, small_config
 from vatra.config import Config, dump_toml
 from vatra.federated import EvalRes, FitRes
 from vatra.federated.certs import client_credentials, generate
+from vatra.federated.grpc import RemoteServer
 from vatra.federated.server import weights_digest
-from vatra.federated.transport import RemoteServer
 from vatra.federated.wire import decode, decode_ins, encode_eval_res, encode_res
 from vatra.launch import free_port
 from vatra.rundir import read_jsonl

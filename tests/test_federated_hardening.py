@@ -25,7 +25,8 @@ from vatra.federated.certs import ServerCredentials, client_credentials, generat
 from vatra.federated.client import initial_weights
 from vatra.federated.compression import CompressedUpload
 from vatra.federated.data import build_federation
-from vatra.federated.guard import (
+from vatra.federated.grpc import RemoteServer
+from vatra.federated.grpc.guard import (
     MIN_MESSAGE,
     PER_CLIENT_RPCS,
     RejectLog,
@@ -37,7 +38,6 @@ from vatra.federated.guard import (
     server_options,
 )
 from vatra.federated.secagg.messages import unpack
-from vatra.federated.transport import RemoteServer
 from vatra.federated.wire import (
     MAX_DEPTH,
     WireError,

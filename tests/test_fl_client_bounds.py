@@ -20,7 +20,7 @@ from tests.conftest import small_config
 from vatra.config import Config
 from vatra.federated._base import EvalRes, FitIns, FitRes
 from vatra.federated.client import LocalClient
-from vatra.federated.privacy import PrivateUpload
+from vatra.federated.private import PrivateUpload
 from vatra.federated.simulation import simulate
 from vatra.federated.wire import decode
 from vatra.rundir import RunDir, read_jsonl

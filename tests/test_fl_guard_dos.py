@@ -16,8 +16,14 @@ from tests.conftest import small_config
 
 from vatra.federated.certs import ServerCredentials, client_credentials, generate
 from vatra.federated.data import build_federation
-from vatra.federated.guard import PER_CLIENT_RPCS, SIZE_LIMIT, TokenAuth, guarded_server, max_concurrent_rpcs
-from vatra.federated.remote import BASE_S, CAP_S, SERVICE, RemoteServer, backoff_s, retry_busy
+from vatra.federated.grpc.guard import (
+    PER_CLIENT_RPCS,
+    SIZE_LIMIT,
+    TokenAuth,
+    guarded_server,
+    max_concurrent_rpcs,
+)
+from vatra.federated.grpc.remote import BASE_S, CAP_S, SERVICE, RemoteServer, backoff_s, retry_busy
 from vatra.rundir import read_jsonl
 
 NO_TOKEN = (("x-vatra-client", "0"), ("x-vatra-token", "guess"))

@@ -24,7 +24,7 @@ from vatra.federated import EvalRes, FitIns, FitRes, UploadHook
 from vatra.federated.certs import client_credentials, generate
 from vatra.federated.client import LocalClient, TaskRefused
 from vatra.federated.data import build_federation, spec_to_json
-from vatra.federated.transport import Hub, RemoteServer
+from vatra.federated.grpc import Hub, RemoteServer
 from vatra.federated.wire import decode, decode_ins, encode, encode_eval_res, encode_res
 from vatra.rundir import RunDir, read_jsonl
 

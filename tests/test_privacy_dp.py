@@ -154,7 +154,8 @@ def test_private_uploads_in_a_run_are_clipped_and_say_nothing_per_client(
 ) -> None:
     # Prepare: DP-FedAvg with secure aggregation, noise at the clients, adaptive clipping and the
     # adaptive selector (which reads loss_before when it is there); every upload is intercepted
-    from vatra.federated.privacy import FIT_METRICS_WHITELIST, PrivateUpload
+    from vatra.federated.privacy import FIT_METRICS_WHITELIST
+    from vatra.federated.private import PrivateUpload
 
     clip = 0.05  # small: most updates of the digits MLP are clipped
     seen: list[tuple[float, dict]] = []

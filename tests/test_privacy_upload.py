@@ -19,10 +19,10 @@ from vatra.federated.privacy import (
     EVAL_METRICS_WHITELIST,
     FIT_METRICS_WHITELIST,
     Accountant,
-    PrivateUpload,
     filter_eval_metrics,
 )
 from vatra.federated.privacy import hook as hook_module
+from vatra.federated.private import PrivateUpload
 from vatra.federated.wire import check_update, decode, decode_res, encode_res
 
 CLIENT_METRICS = {  # everything a client's training reports (client.py)

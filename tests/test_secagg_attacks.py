@@ -306,7 +306,7 @@ def test_a_deployed_client_trains_each_round_once_and_keeps_its_protocol_endpoin
     from tests.conftest import small_config
 
     from vatra.federated import FitIns, FitRes
-    from vatra.federated.privacy import build_private_hook
+    from vatra.federated.private import build_private_hook
 
     cfg = small_config(federated={"clients": 4, "secure_aggregation": {"enabled": True}})
     hook = build_private_hook(cfg, device=True)

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from vatra.federated.secagg.deploy import HubChannel, secagg_reply
+from vatra.federated.grpc.stages import HubStages, secagg_reply
 from vatra.federated.secagg.messages import pack
 from vatra.federated.wire import encode
 
@@ -23,7 +23,7 @@ class _Events:
         self.logged.append((kind, facts))
 
 
-def _hub(**extra: Any) -> Any:  # stands in for transport.Hub
+def _hub(**extra: Any) -> Any:  # stands in for grpc.hub.Hub
     cfg = SimpleNamespace(round_deadline_s=30.0, heartbeat_s=1.0, heartbeat_misses=5)
     return SimpleNamespace(
         cfg=cfg,
@@ -54,7 +54,7 @@ def test_a_silent_client_costs_the_round_one_deadline_not_one_per_stage() -> Non
     # but never answers. The per-stage round_deadline_s (30 s) would make each stage wait 30 s.
     hub = _hub(round_deadline=time.monotonic() + 0.5)
     hub.last_seen = {1: time.monotonic() + 60}
-    channel = HubChannel(hub)
+    channel = HubStages(hub)
     # Execute: two stages in a row.
     start = time.monotonic()
     first = channel.deliver("advertise", 1, {1: b"request"})
@@ -73,7 +73,7 @@ def test_without_a_hub_deadline_the_round_deadline_starts_at_advertise() -> None
     hub = _hub(round_deadline=0.0)  # not set yet (a hub before the per-round deadline)
     hub.cfg.round_deadline_s = 0.3
     hub.last_seen = {1: time.monotonic() + 60}
-    channel = HubChannel(hub)
+    channel = HubStages(hub)
     start = time.monotonic()
     channel.deliver("advertise", 1, {1: b"request"})
     channel.deliver("share_keys", 1, {1: b"request"})

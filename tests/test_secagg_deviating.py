@@ -17,7 +17,7 @@ from tests.conftest import small_config
 from vatra.config import SecureAggregationConfig, config_from_dict
 from vatra.errors import ConfigError
 from vatra.federated import FitIns, FitRes
-from vatra.federated.privacy import build_private_hook
+from vatra.federated.private import build_private_hook
 from vatra.federated.secagg import (
     ClientParty,
     LocalParties,

@@ -289,9 +289,9 @@ def test_s3_table_ingest_and_train(s3_server: dict, tmp_path: Path, capsys) -> N
 
 def test_federated_owners_report_the_version_they_trained_on(tmp_path: Path, capsys) -> None:
     from vatra.config import load_config
+    from vatra.federated.grpc import client_data
     from vatra.federated.server import _data_version
     from vatra.federated.simulation import simulate
-    from vatra.federated.transport import client_data
     from vatra.rundir import RunDir, read_jsonl
 
     table = tmp_path / "t"

@@ -77,7 +77,7 @@ def server(
 ) -> None:
     """Run the federated server: select clients, collect updates, aggregate, checkpoint every round."""
     from vatra.federated.certs import ServerCredentials
-    from vatra.federated.transport import serve
+    from vatra.federated.grpc import serve
 
     cfg = load_config(config, set_, run="federated")
     if ":" not in address:
@@ -110,7 +110,7 @@ def client(
     ),
 ) -> None:
     """Join a federated server and train on this client's own data until the server is done."""
-    from vatra.federated.transport import run_client
+    from vatra.federated.grpc import run_client
 
     cfg = load_config(config, set_, run="federated")
     run_client(

@@ -1,4 +1,5 @@
-"""The pluggable families of federated learning: ``Strategy``, ``Selector`` and ``UploadHook``.
+"""The pluggable families of federated learning: ``Strategy``, ``Selector``, ``UploadHook``, and the
+``Executor`` (where clients run) and ``Combiner`` (how their uploads are summed) the hooks plug into.
 
 One round, driven by :class:`vatra.federated.server.FederatedServer`::
 
@@ -26,13 +27,17 @@ one ``FitRes`` per group (per cluster for clustered) whose ``update`` is the wei
 ``num_samples`` is the total weight: :func:`weighted_mean` gives the same answer either way.
 
 Everything is called from one thread of the server process; implementations need no locking.
+
+Layers, each importing only those below it: this module and the round loop (``server``, ``client``,
+strategies, ``wire``); ``privacy`` (the DP hook) and ``secagg`` (the secure-aggregation combiner),
+independent of each other; ``private`` (composes them); the drivers, ``simulation`` and ``grpc``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -256,6 +261,86 @@ class Selector:
         del state
 
 
+class Executor(Protocol):
+    """Runs one round's client work somewhere: a process pool (simulation) or gRPC clients (the hub).
+
+    An executor may also carry ``declared`` (the training rows each client declared when it joined;
+    robust screening compares them), and a hook's :meth:`UploadHook.wrap` may wrap it.
+    """
+
+    def available(self) -> list[int]:
+        """Clients that can be selected now (may wait for enough of them)."""
+        ...
+
+    def fit(
+        self, rnd: int, ins: dict[int, FitIns], expected: int
+    ) -> tuple[list[FitRes], list[Failure], int, int]:
+        """(accepted results, failures, bytes down, bytes up); results must have ``expected`` floats."""
+        ...
+
+    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
+        """Each client's report on its own held-out rows (those without any report 0 examples)."""
+        ...
+
+
+@runtime_checkable
+class StageRunner(Protocol):
+    """An executor whose clients are devices that answer protocol stages themselves (the gRPC hub).
+
+    Secure aggregation runs its stages through it; an executor without it (simulation) has its
+    clients' protocol endpoints played in the server process by the combiner.
+    """
+
+    def run_stage(self, stage: str, rnd: int, requests: dict[int, bytes]) -> dict[int, bytes | str]:
+        """Hand each client its packed request; the packed replies of those that answered (a str:
+        why a client's reply was refused). Clients that went silent are absent."""
+        ...
+
+
+@dataclass
+class RoundSum:
+    """What a :class:`Combiner` gives for one round: the sum of the uploads and of their weights."""
+
+    total: np.ndarray  # float64: Σ w·update over the survivors (the update's extra coordinates too)
+    weight: float  # Σ w (each w = num_samples, capped; 1 per client when unweighted)
+    survivors: int  # clients whose upload is in the sum
+
+
+class Combiner(Protocol):
+    """How a round's uploads are summed when the server may not see them one by one (secure
+    aggregation). Client side: :meth:`keep` (what the upload says instead of the update) and
+    :meth:`respond` (the protocol's stages); server side: :meth:`wrap` once, then per round
+    :meth:`decode` per arriving result, :meth:`sum`, :meth:`round_metrics`."""
+
+    def wrap(self, executor: Executor, stages: StageRunner | None) -> Executor:
+        """The executor the round loop talks to; ``stages`` reaches deployed clients (None: simulated)."""
+        ...
+
+    def keep(self, res: FitRes) -> FitRes:
+        """Client: keep the update for the protocol; what is uploaded instead."""
+        ...
+
+    def respond(self, blob: bytes) -> bytes:
+        """Client: the answer to one packed protocol request."""
+        ...
+
+    def decode(self, res: FitRes) -> FitRes:
+        """Server: an arriving result (a deployed client's notice gets a placeholder update)."""
+        ...
+
+    def sum(self, rnd: int, results: list[FitRes]) -> RoundSum | None:
+        """The round's sum, or None when the round is refused (logged)."""
+        ...
+
+    def round_metrics(self, rnd: int, metrics: dict[str, Any]) -> None:
+        """Add this round's facts (threshold, survivors, protocol bytes) to its metrics row."""
+        ...
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The run summary's part about this combiner."""
+        ...
+
+
 class UploadHook:
     """The upload path between a client's update and the strategy (identity by default).
 
@@ -280,7 +365,7 @@ class UploadHook:
         return None
 
     # Server-side round hooks (secure aggregation and privacy use them; identity by default).
-    def wrap(self, executor: Any) -> Any:
+    def wrap(self, executor: Executor) -> Executor:
         """The client executor the server talks to (a hook may need a channel to the clients)."""
         return executor
 

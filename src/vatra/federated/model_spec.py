@@ -24,7 +24,6 @@ import torch
 
 from vatra.config import Config
 from vatra.data import DatasetSpec, TaskKind
-from vatra.federated.guard import HEADER_BYTES, PEER_BYTES
 from vatra.federated.params import ParamLayout
 from vatra.models import build_model
 
@@ -32,6 +31,8 @@ MAX_DIMS = 8  # input dimensions of one sample: (features,), (C, H, W), (items, 
 MAX_NAMES = 1024  # multitask heads, categorical columns
 MAX_SIZE = 2**31 - 1  # any one dimension, class count or cardinality
 HEAD_KINDS = ("classification", "multilabel", "regression")  # TargetSpec.kind
+HEADER_BYTES = 64 * 1024  # safetensors header + JSON metadata (metrics, config) of one message
+PEER_BYTES = 1024  # secure aggregation: a key, a ciphertext or a share per other client
 
 
 def _count(value: object, what: str, low: int) -> int:

@@ -1,7 +1,7 @@
 """The round loop shared by simulation and deployment: select, configure, fit, aggregate, evaluate, log.
 
-Only *how clients train and evaluate* differs between the two (a :class:`ClientExecutor`: a
-process pool, or gRPC clients). The server never holds client data: it scores the global model on
+Only *how clients train and evaluate* differs between the two (an :class:`~vatra.federated._base.Executor`:
+a process pool, or gRPC clients). The server never holds client data: it scores the global model on
 its own held-out data when it has some (``--eval-data``; a simulation's validation split) and
 aggregates what clients report about their own held-out rows. ``global_accuracy`` is the server's
 figure when it has one, else the clients' weighted one. The server checkpoints its whole state after
@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from vatra.errors import VatraError
 from vatra.federated import build_selector, build_strategy
 from vatra.federated._base import (
     EvalRes,
+    Executor,
     Failure,
     FitIns,
     FitRes,
@@ -43,24 +44,6 @@ from vatra.losses import build_loss
 from vatra.rundir import RunDir, append_jsonl, read_jsonl
 
 CHECKPOINT = "server.safetensors"
-
-
-class ClientExecutor(Protocol):
-    """Runs one round's client training somewhere."""
-
-    def available(self) -> list[int]:
-        """Clients that can be selected now (may wait for enough of them)."""
-        ...
-
-    def fit(
-        self, rnd: int, ins: dict[int, FitIns], expected: int
-    ) -> tuple[list[FitRes], list[Failure], int, int]:
-        """(accepted results, failures, bytes down, bytes up); results must have ``expected`` floats."""
-        ...
-
-    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
-        """Each client's report on its own held-out rows (those without any report 0 examples)."""
-        ...
 
 
 def weights_digest(weights: np.ndarray) -> str:
@@ -106,7 +89,7 @@ class FederatedServer:
         cfg: Config,
         spec: DatasetSpec,
         run_dir: RunDir,
-        executor: ClientExecutor,
+        executor: Executor,
         *,
         eval_data: Any = None,
         hook: UploadHook | None = None,

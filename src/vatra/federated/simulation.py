@@ -21,7 +21,7 @@ from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation, build_federation
-from vatra.federated.privacy import build_private_hook
+from vatra.federated.private import build_private_hook
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
     WireError,

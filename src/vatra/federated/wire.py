@@ -209,7 +209,7 @@ def decode_res(blob: bytes, allowed_payload: Callable[[str], bool] | None = None
 
     Refused (:class:`WireError`): a header over :data:`MAX_RES_HEADER`, any tensor other than
     ``update`` and ``payload.<name>``, a payload name ``allowed_payload`` rejects (None: any name;
-    the server passes its upload hook's rule, :func:`vatra.federated.guard.payload_rule`), ids and
+    the server passes its upload hook's rule, :func:`vatra.federated.grpc.guard.payload_rule`), ids and
     counts that are not integers, and metrics :func:`check_metrics` refuses. The update and payload
     tensors are read-only views of ``blob`` (:func:`decode_views`).
     """

@@ -1,4 +1,4 @@
-"""Differential privacy for federated learning: DP-FedAvg, DP-SGD via opacus, an RDP accountant."""
+"""Differential privacy for federated learning: the DP upload hook, DP-SGD via opacus, an RDP accountant."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from vatra.federated.privacy.accountant import Accountant
 from vatra.federated.privacy.hook import (
     EVAL_METRICS_WHITELIST,
     FIT_METRICS_WHITELIST,
-    PrivateExecutor,
-    PrivateUpload,
-    build_private_hook,
+    DPExecutor,
+    DPUpload,
     filter_eval_metrics,
 )
 
@@ -16,8 +15,7 @@ __all__ = [
     "EVAL_METRICS_WHITELIST",
     "FIT_METRICS_WHITELIST",
     "Accountant",
-    "PrivateExecutor",
-    "PrivateUpload",
-    "build_private_hook",
+    "DPExecutor",
+    "DPUpload",
     "filter_eval_metrics",
 ]

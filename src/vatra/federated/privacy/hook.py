@@ -1,12 +1,12 @@
-"""The private upload path: DP clipping and noise on clients, secure aggregation, accounting on the server.
+"""The DP upload hook: what leaves a client (a metric whitelist, the clipped and noised update) and the
+server's DP state (noise on the sum, the accountant, the adaptive clip norm).
 
-:class:`PrivateUpload` is an :class:`~vatra.federated._base.UploadHook`. On a client, ``encode``
-clips the update (client-level DP) and adds the client's share of the noise (``noise_at =
-"clients"``). On the server, ``combine`` runs secure aggregation through the executor's channel
-(or sums in the clear), adds server-side noise, adapts the clip norm, steps the accountant and
-hands the strategy one result: the mean. In simulation :class:`PrivateExecutor` stands for the
-client devices: it keeps each trained update and answers the protocol's stages, so the server
-path only ever sees masked words.
+:class:`DPUpload` is an :class:`~vatra.federated._base.UploadHook`. On a client, ``encode`` clips
+the update (client-level DP) and adds the client's share of the noise (``noise_at = "clients"``).
+On the server, ``combine`` takes the round's sum — from its :class:`~vatra.federated._base.Combiner`
+(secure aggregation) when it has one, else in the clear — adds server-side noise, adapts the clip
+norm, steps the accountant and hands the strategy one result: the mean. :class:`DPExecutor` sends
+each task the round's clip norm and client count (each client's noise share).
 
 What a client reports besides its update is cut to :data:`FIT_METRICS_WHITELIST` (evaluation
 replies: :func:`filter_eval_metrics`): no loss, update norm or cluster choice of one client leaves
@@ -19,31 +19,27 @@ from __future__ import annotations
 
 import math
 import os
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from vatra.config import Config
 from vatra.errors import ConfigError, VatraError
-from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
+from vatra.federated._base import (
+    Combiner,
+    EvalRes,
+    Executor,
+    Failure,
+    FitIns,
+    FitRes,
+    RoundSum,
+    StageRunner,
+    UploadHook,
+)
 from vatra.federated.privacy.accountant import Accountant
 from vatra.federated.privacy.bounds import check_private_upload, next_clip_norm
-from vatra.federated.secagg import (
-    ClientParty,
-    LocalParties,
-    Quantizer,
-    RoundAborted,
-    SecAggServer,
-    secure_sum,
-)
-from vatra.federated.secagg.channel import CountingChannel
-from vatra.federated.secagg.deploy import HubChannel
-from vatra.federated.wire import encode_res
 from vatra.rundir import RunDir
 
-WEIGHT_WORDS = 1  # the weight w ends each masked vector, summed mod 2^32 whatever secure_aggregation.bits is
-LINEAR = ("fedavg", "fedprox", "fedadam", "fedyogi")
 FIT_METRICS_WHITELIST = ("duration_s", "train_time_s")  # a fit result's metrics under privacy
 EVAL_METRICS_WHITELIST = ("accuracy", "num_examples")  # an evaluation reply's metrics under privacy
 
@@ -58,34 +54,20 @@ def _secure_rng() -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
 
 
-class PrivateUpload(UploadHook):
+class DPUpload(UploadHook):
+    """Client-level DP (``privacy.mode = "client"``), DP-SGD's accounting (``"sample"``), or none (the
+    metric whitelist only, under secure aggregation). ``combiner`` sums the round when set."""
+
     name = "private"
 
-    def __init__(self, cfg: Config, run_dir: RunDir | None = None, *, device: bool = False) -> None:
+    def __init__(self, cfg: Config, run_dir: RunDir | None = None) -> None:
         self.cfg = cfg
-        self.device = device  # a deployed client: keeps its update and answers the protocol itself
-        self.party: ClientParty | None = None
-        self.sa = cfg.federated.secure_aggregation
         self.dp = cfg.federated.privacy
         self.run_dir = run_dir
-        fc = cfg.federated
-        if (self.sa.enabled or self.dp.mode == "client") and fc.strategy not in LINEAR:
-            raise ConfigError(
-                f"federated.strategy = {fc.strategy!r} needs every update; secure aggregation and "
-                f"client-level DP give the mean only — use one of {', '.join(LINEAR)}"
-            )
-        if fc.strategy == "clustered":
-            raise ConfigError(
-                "federated.strategy = 'clustered' needs each client's cluster choice and loss, which "
-                "secure aggregation and privacy keep on the client; use one of " + ", ".join(LINEAR)
-            )
-        if fc.compression != "none":
-            raise ConfigError(
-                f"federated.compression = {fc.compression!r} cannot be combined with secure aggregation or "
-                "privacy (masked words and clipped, noised updates are not compressed); set it to 'none'"
-            )
+        self.combiner: Combiner | None = None
         if self.dp.mode == "sample" and cfg.train.grad_accum != 1:
             raise ConfigError("privacy.mode = 'sample' needs train.grad_accum = 1 (per-sample gradients)")
+        fc = cfg.federated
         m = fc.clients_per_round or fc.clients
         if self.dp.adaptive_clip and self.dp.noise_multiplier > 0 and self.dp.noise_multiplier >= m / 10:
             raise ConfigError(
@@ -97,16 +79,10 @@ class PrivateUpload(UploadHook):
         self.count_coords = int(self.dp.mode == "client" and self.dp.adaptive_clip)
         self.accountant = Accountant(self.dp.delta)
         self.per_client: dict[int, Accountant] = {}  # sample-level DP: one accountant per client
-        self.channel: PrivateExecutor | None = None
+        self.selected: int | None = None  # clients sent this round's task (each given a noise share)
         self.facts: dict[str, Any] = {}
         self.samples: dict[int, int] = {}
         self._gsm: dict[int, Any] = {}
-
-    def __getstate__(self) -> dict[str, Any]:  # sent to client processes: the config only
-        return {"cfg": self.cfg, "device": self.device}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["cfg"], device=state["device"])  # type: ignore[misc]
 
     # ------------------------------------------------------------ client side
     @property
@@ -117,7 +93,7 @@ class PrivateUpload(UploadHook):
     def encode(self, res: FitRes, ins: FitIns) -> FitRes:
         res = self._clip_and_noise(res, ins) if self.dp.mode == "client" else res
         res.metrics = {k: res.metrics[k] for k in FIT_METRICS_WHITELIST if k in res.metrics}
-        return self._keep_on_device(res) if self.sa.enabled and self.device else res
+        return self.combiner.keep(res) if self.combiner is not None else res
 
     def _clip_and_noise(self, res: FitRes, ins: FitIns) -> FitRes:
         """Clip Δ to L2 norm C; with adaptive clipping append the bit [‖Δ‖ ≤ C]; add this client's
@@ -141,35 +117,21 @@ class PrivateUpload(UploadHook):
         res.metrics = filter_eval_metrics(res.metrics)
         return res
 
-    def _keep_on_device(self, res: FitRes) -> FitRes:
-        """Deployed client with secure aggregation: the update stays here; the upload says 'trained'.
-
-        One protocol endpoint for the client's whole life: it trains each round once, rounds only
-        going up, and masks each update in one protocol run of its round (:class:`ClientParty`):
-        a server that ran two sums over the same update with other survivors could subtract them."""
-        if self.party is None:
-            self.party = ClientParty(res.client_id, self.sa, wide=WEIGHT_WORDS)
-        self.party.trained(res.round, partial(self.input_words, res))  # SecAggError for an old round
-        return FitRes(res.client_id, res.round, res.num_samples, np.zeros(0, np.float32), res.metrics)
-
     def respond(self, blob: bytes) -> bytes:
-        if self.party is None:
-            raise ConfigError("secure-aggregation message before any training on this client")
-        return self.party.respond_or_refuse(blob)
+        if self.combiner is None:
+            return super().respond(blob)
+        return self.combiner.respond(blob)
 
     def decode(self, res: FitRes) -> FitRes:
-        """Server: a deployed client's 'trained' notice gets a zero placeholder (never its update)."""
-        if self.sa.enabled and res.update.size == 0 and self.channel is not None:
-            res.update = np.zeros(self.channel.expected, np.float32)
-        return res
+        return self.combiner.decode(res) if self.combiner is not None else res
 
     def check_result(self, res: FitRes) -> str | None:
         """Client-level DP in the clear: the update within the clip norm it was sent and the count
         a bit, each widened by the noise the client adds itself (under secure aggregation the
         server sees placeholders; the masked sum is not checkable per client)."""
-        if self.dp.mode != "client" or self.sa.enabled:
+        if self.dp.mode != "client" or self.combiner is not None:
             return None
-        m = math.sqrt(max(self.channel.selected if self.channel is not None else 1, 1))
+        m = math.sqrt(max(self.selected or 1, 1))
         own = self.dp.noise_at == "clients"
         noise = self.noise_std(self.clip_norm) / m if own else 0.0
         count = self.count_std() / m if own else 0.0
@@ -203,20 +165,12 @@ class PrivateUpload(UploadHook):
         self._gsm[id(model)] = plugin.gsm
         return [plugin]
 
-    def input_words(self, res: FitRes, clients: int) -> np.ndarray:
-        """A client's masked-sum input: [q(w·Δ/unit) …, q(count), w] as words mod 2^bits."""
-        weighted = self.dp.mode != "client"
-        w = min(res.num_samples, self.sa.max_weight) if weighted else 1
-        unit = self.sa.max_weight if weighted else 1
-        d = res.update.size - self.count_coords
-        body = Quantizer(self.sa.bits, self.sa.clip, clients).encode(res.update[:d] * (w / unit))
-        count = Quantizer(self.sa.bits, self.count_clip, clients).encode(res.update[d:])
-        return np.concatenate([body, count, np.array([w], dtype=np.uint32)])
-
     # ------------------------------------------------------------ server side
-    def wrap(self, executor: Any) -> Any:
-        self.channel = PrivateExecutor(executor, self)
-        return self.channel
+    def wrap(self, executor: Executor) -> Executor:
+        """The DP wrapper, inside the combiner's (which reaches deployed clients through ``executor``)."""
+        stages = executor if isinstance(executor, StageRunner) else None
+        wrapped = DPExecutor(executor, self)
+        return wrapped if self.combiner is None else self.combiner.wrap(wrapped, stages)
 
     def client_config(self, selected: int) -> dict[str, Any]:
         return {"dp_clip_norm": self.clip_norm, "dp_clients": selected}
@@ -228,53 +182,21 @@ class PrivateUpload(UploadHook):
     def combine(self, rnd: int, results: list[FitRes]) -> list[FitRes]:
         self.facts = {}
         self.samples = {r.client_id: r.num_samples for r in results}
-        if not results or (not self.sa.enabled and self.dp.mode != "client"):
+        if not results or (self.combiner is None and self.dp.mode != "client"):
             return results
-        cids = sorted(r.client_id for r in results)
         # clients given a noise share: those sent the task, not only those that answered
-        selected = self.channel.selected if self.channel is not None else len(results)
-        if self.sa.enabled:
-            assert self.channel is not None, "secure aggregation needs PrivateUpload.wrap(executor)"
-            dim = self.channel.expected + 1  # the update (with its count coordinate), its weight
-            seed = self.cfg.run.seed * 100_003 + rnd
-            server = SecAggServer(rnd, self.sa, cids, dim, seed=seed, wide=WEIGHT_WORDS)
-            try:
-                words = secure_sum(server, self.channel)
-            except RoundAborted as err:
-                self.facts = {"secagg_aborted": True, "secagg_threshold": server.t, "secagg_dropouts": None}
-                self._log("secagg_aborted", round=rnd, reason=str(err), survivors=server.survivors)
-                if server.rejected:
-                    self._log("secagg_rejected", round=rnd, clients=server.rejected)
+        selected = self.selected or len(results)
+        if self.combiner is not None:
+            got = self.combiner.sum(rnd, results)
+            if got is None:  # the round is refused (logged by the combiner)
                 return []
-            n1 = len(server.keys)
-            unit = self.sa.max_weight if self.dp.mode != "client" else 1
-            d = self.channel.expected - self.count_coords
-            total = Quantizer(self.sa.bits, self.sa.clip, n1).decode_sum(words[:d]) * unit
-            count = Quantizer(self.sa.bits, self.count_clip, n1).decode_sum(words[d:-1])
-            weight = float(words[-1])
-            survivors = server.survivors["summed"]
-            self.facts = {
-                "secagg_threshold": server.t,
-                "secagg_survivors": survivors,
-                "secagg_dropouts": len(cids) - survivors,
-                "secagg_aborted": False,
-            }
-            if rejected := {**self.channel.link.rejected, **server.rejected}:
-                self._log("secagg_rejected", round=rnd, clients=rejected)
-            if weight > unit * survivors or (self.dp.mode == "client" and weight != survivors):
-                # an honest client's weight is at most max_weight (1 under client-level DP); the sum
-                # hides who sent more, so the round's result is refused, not one client's
-                self.facts["secagg_aborted"] = True
-                why = f"summed weight {weight:.0f} of {survivors} clients, each at most {unit}"
-                self._log("secagg_weight_refused", round=rnd, reason=why)
-                return []
-        else:
-            summed = np.sum([r.update.astype(np.float64) for r in results], axis=0)
-            d = summed.size - self.count_coords
-            total, count = summed[:d], summed[d:]
-            weight, survivors = float(len(results)), len(results)
+        else:  # client-level DP in the clear: the unweighted sum
+            total = np.sum([r.update.astype(np.float64) for r in results], axis=0)
+            got = RoundSum(total, float(len(results)), len(results))
+        d = got.total.size - self.count_coords
+        total, count, weight = got.total[:d], got.total[d:], got.weight
         if self.dp.mode == "client":
-            total = self._privatize(total, max(selected, survivors), survivors, float(count.sum()))
+            total = self._privatize(total, max(selected, got.survivors), got.survivors, float(count.sum()))
         return [FitRes(-1, rnd, max(1, round(weight)), (total / max(weight, 1.0)).astype(np.float32), {})]
 
     def _privatize(self, total: np.ndarray, selected: int, survivors: int, count: float) -> np.ndarray:
@@ -300,11 +222,9 @@ class PrivateUpload(UploadHook):
         return total
 
     def round_metrics(self, rnd: int, metrics: dict[str, Any]) -> None:
+        if self.combiner is not None:
+            self.combiner.round_metrics(rnd, metrics)
         metrics.update(self.facts)
-        if self.channel is not None and self.sa.enabled:
-            metrics["bytes_up"] += self.channel.link.bytes_up
-            metrics["bytes_down"] += self.channel.link.bytes_down
-            self.channel.link.bytes_up = self.channel.link.bytes_down = 0
         if self.dp.mode == "client":
             metrics.update(epsilon=self.accountant.epsilon(), delta=self.dp.delta)
         elif self.dp.mode == "sample":
@@ -359,14 +279,7 @@ class PrivateUpload(UploadHook):
                 )  # older rows: one step behind
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.sa.enabled:
-            out["secure_aggregation"] = {
-                "mode": self.sa.mode,
-                "threshold": max((r.get("secagg_threshold") or 0 for r in rows), default=0),
-                "dropouts_survived": sum(r.get("secagg_dropouts") or 0 for r in rows),
-                "rounds_aborted": sum(bool(r.get("secagg_aborted")) for r in rows),
-            }
+        out = self.combiner.summary(rows) if self.combiner is not None else {}
         if self.dp.mode != "none":
             last = rows[-1] if rows else {}
             out["privacy"] = {
@@ -377,24 +290,13 @@ class PrivateUpload(UploadHook):
         return out
 
 
-class PrivateExecutor:
-    """Wraps a client executor: sends DP settings with each task; with secure aggregation it plays
-    the client devices, which keep their updates and answer the protocol through a byte-counting
-    channel. Only masked words reach ``PrivateUpload.combine``."""
+class DPExecutor:
+    """Wraps a client executor: each task carries the round's clip norm and client count (each
+    client's noise share), and uploads carry the clip count's coordinate."""
 
-    def __init__(self, inner: Any, hook: PrivateUpload) -> None:
+    def __init__(self, inner: Executor, hook: DPUpload) -> None:
         self.inner = inner
         self.hook = hook
-        self.expected = 0
-        self.selected = 0
-        self.updates: dict[int, FitRes] = {}
-        self.link: CountingChannel
-        if hasattr(inner, "stage_tasks"):  # the gRPC hub: clients answer over the network
-            self.link = HubChannel(inner)
-        else:  # simulation: this object plays the devices
-            self.link = LocalParties(hook.sa, self._words, wide=WEIGHT_WORDS)
-        if (drop := hook.cfg.chaos.drop_clients_at) is not None:
-            self.link.chaos = (drop.round, drop.stage, drop.count)  # the highest ids drop
 
     def available(self) -> list[int]:
         return self.inner.available()
@@ -404,41 +306,13 @@ class PrivateExecutor:
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         for i in ins.values():
             i.config.update(self.hook.client_config(len(ins)))
-        self.selected = len(ins)
-        self.expected = expected + self.hook.count_coords  # uploads carry the clip count too
-        results, failures, down, up = self.inner.fit(rnd, ins, self.expected)
-        if not self.hook.sa.enabled or not isinstance(self.link, LocalParties):
-            return results, failures, down, up
-        self.updates = {r.client_id: r for r in results}
-        self.link.trained(rnd, list(self.updates))  # each simulated device masks its update in round rnd only
-        meta = [
-            FitRes(r.client_id, r.round, r.num_samples, np.zeros(0, np.float32), r.metrics) for r in results
-        ]
-        return meta, failures, down, sum(len(encode_res(m)) for m in meta)
+        self.hook.selected = len(ins)
+        return self.inner.fit(rnd, ins, expected + self.hook.count_coords)
 
-    def _words(self, cid: int, clients: int) -> np.ndarray:
-        """What simulated device ``cid`` masks: its update (:meth:`PrivateUpload.input_words`)."""
-        return self.hook.input_words(self.updates[cid], clients)
-
-    def exchange(self, stage: str, rnd: int, requests: dict[int, Any]) -> dict[int, Any]:
-        return self.link.exchange(stage, rnd, requests)
-
-    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[Any], list[Failure]]:
+    def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
         return self.inner.evaluate(rnd, ins)
 
     @property
     def declared(self) -> dict[int, int] | None:
         """The training rows each deployed client declared at join (None in simulation)."""
         return getattr(self.inner, "declared", None)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def build_private_hook(
-    cfg: Config, run_dir: RunDir | None = None, *, device: bool = False
-) -> PrivateUpload | None:
-    """The private upload path when secure aggregation or DP is on; None otherwise."""
-    if cfg.federated.secure_aggregation.enabled or cfg.federated.privacy.mode != "none":
-        return PrivateUpload(cfg, run_dir, device=device)
-    return None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vatra.federated.secagg.channel import Channel, ClientParty, LocalParties, secure_sum
+from vatra.federated.secagg.channel import Channel, ClientParty, LocalParties, RemoteParties, secure_sum
+from vatra.federated.secagg.combiner import SecAggCombiner, SecAggExecutor
 from vatra.federated.secagg.crypto import SecAggError
 from vatra.federated.secagg.protocol import STAGES, Quantizer, RoundAborted, SecAggClient
 from vatra.federated.secagg.server import SecAggServer
@@ -13,9 +14,12 @@ __all__ = [
     "ClientParty",
     "LocalParties",
     "Quantizer",
+    "RemoteParties",
     "RoundAborted",
     "SecAggClient",
+    "SecAggCombiner",
     "SecAggError",
+    "SecAggExecutor",
     "SecAggServer",
     "secure_sum",
 ]

@@ -2,9 +2,10 @@
 
 The server talks to clients only through ``Channel.exchange`` — one request per client and
 stage, a reply from each client still there — so the same driver runs against in-process
-parties (simulation, tests) and gRPC clients (deployment). A client that does not answer a
-stage has dropped out; :class:`vatra.federated.secagg.server.SecAggServer` decides whether the
-round survives.
+parties (:class:`LocalParties`: simulation, tests) and deployed clients (:class:`RemoteParties`,
+through an executor's :class:`~vatra.federated._base.StageRunner`: the gRPC hub). A client that
+does not answer a stage has dropped out; :class:`vatra.federated.secagg.server.SecAggServer`
+decides whether the round survives.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from vatra.config import SecureAggregationConfig
+from vatra.federated._base import StageRunner
 from vatra.federated.secagg.crypto import SecAggError
 from vatra.federated.secagg.messages import pack, unpack
 from vatra.federated.secagg.protocol import STAGES, Msg, SecAggClient
@@ -194,3 +196,14 @@ class LocalParties(CountingChannel):
             except SecAggError as err:
                 out[cid] = str(err)
         return out
+
+
+class RemoteParties(CountingChannel):
+    """Deployed clients, each answering for itself, reached through the executor's stage runner."""
+
+    def __init__(self, runner: StageRunner) -> None:
+        super().__init__()
+        self.runner = runner
+
+    def deliver(self, stage: str, rnd: int, blobs: dict[int, bytes]) -> dict[int, bytes | str]:
+        return self.runner.run_stage(stage, rnd, blobs)

@@ -1,5 +1,8 @@
 """The deployed server's state between the gRPC handler threads and the round loop (:class:`Hub`).
 
+The hub is the round loop's :class:`~vatra.federated._base.Executor` over the network, and a
+:class:`~vatra.federated._base.StageRunner`: secure aggregation's stages ride its long poll.
+
 The round loop posts one task per client for one *(round, phase)* — a fit task, or an evaluate
 task of the same round — and waits; handler threads hand each client its task (``Poll``) and take
 its answer (``Submit``). What a client can make the server do is bounded here:
@@ -31,10 +34,10 @@ from vatra.errors import VatraError
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials
 from vatra.federated.data import spec_from_json, spec_to_json
-from vatra.federated.guard import metadata_client
+from vatra.federated.grpc.guard import metadata_client
+from vatra.federated.grpc.remote import SERVICE
+from vatra.federated.grpc.stages import HubStages, secagg_reply
 from vatra.federated.model_spec import check_spec, spec_problem
-from vatra.federated.remote import SERVICE
-from vatra.federated.secagg.deploy import secagg_reply
 from vatra.federated.wire import (
     WireError,
     check_update,
@@ -85,10 +88,11 @@ class Hub:
         self.stage_tasks: dict[int, bytes] = {}  # secure aggregation: this stage's request per client
         self.stage_replies: dict[int, bytes | str] = {}
         self.handed: dict[int, tuple[object, float]] = {}  # client → (what it was last handed, when)
+        self.stages = HubStages(self)
 
     # ------------------------------------------------------------ handlers
     def _auth(self, context: grpc.ServicerContext) -> int:
-        """The caller's id; the interceptor (:class:`~vatra.federated.guard.TokenAuth`) has checked
+        """The caller's id; the interceptor (:class:`~vatra.federated.grpc.guard.TokenAuth`) has checked
         its token before any body was read (checked again here: cheap, and handlers stay safe alone)."""
         cid, token = metadata_client(context.invocation_metadata())
         if cid < 0 or not self.creds.check(cid, token):
@@ -320,6 +324,10 @@ class Hub:
         deadline = time.monotonic() + self.cfg.round_deadline_s
         reports, failures, _, _ = self._phase("eval", rnd, ins, 0, deadline)
         return reports, failures
+
+    def run_stage(self, stage: str, rnd: int, requests: dict[int, bytes]) -> dict[int, bytes | str]:
+        """One protocol stage over the long poll (:class:`~vatra.federated.grpc.stages.HubStages`)."""
+        return self.stages.deliver(stage, rnd, requests)
 
     def finish(self) -> None:
         with self.cond:

@@ -1,7 +1,8 @@
-"""Secure aggregation over the gRPC deployment: the stages ride the hub's long poll.
+"""Protocol stages over the gRPC deployment (secure aggregation's): they ride the hub's long poll.
 
-The server posts one packed request per client (``Hub.stage_tasks``); a client's ``Poll``
-returns it, the client answers with the ``SecAgg`` method, and :class:`HubChannel` waits for
+The hub (a :class:`~vatra.federated._base.StageRunner`) posts one packed request per client
+(``Hub.stage_tasks``); a client's ``Poll`` returns it, the client answers with the ``SecAgg``
+method (:func:`secagg_reply`), and :class:`HubStages` waits for
 every client, a drop-out (silent for ``heartbeat_s × heartbeat_misses``) or the round's
 deadline — one for the whole round (``hub.round_deadline``, set when training starts), so a
 client that heartbeats but never answers costs it once, not once per stage. A reply that does
@@ -15,18 +16,18 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from vatra.federated.secagg.channel import CountingChannel
 from vatra.federated.secagg.messages import unpack
 from vatra.federated.secagg.protocol import REPLY_FIELDS
 from vatra.federated.wire import WireError
 
 if TYPE_CHECKING:
-    from vatra.federated.transport import Hub
+    from vatra.federated.grpc.hub import Hub
 
 
-class HubChannel(CountingChannel):
+class HubStages:
+    """The hub's side of :meth:`Hub.run_stage`: post one stage, wait for its replies."""
+
     def __init__(self, hub: Hub) -> None:
-        super().__init__()
         self.hub = hub
         self.deadline = 0.0  # without hub.round_deadline: round_deadline_s from the advertise stage
 

@@ -32,14 +32,13 @@ import grpc
 
 from vatra.federated._base import UploadHook
 from vatra.federated.certs import ServerCredentials
+from vatra.federated.model_spec import HEADER_BYTES, PEER_BYTES
 
 CLIENT_KEY = "x-vatra-client"
 TOKEN_KEY = "x-vatra-token"
 PER_CLIENT_RPCS = 4  # a client's own calls in flight: its long poll, a heartbeat, retries after timeouts
 SPARE_RPCS = 16  # room for calls being rejected (unauthenticated, over a client's share)
 MIN_MESSAGE = 1024 * 1024
-HEADER_BYTES = 64 * 1024  # safetensors header + JSON metadata (metrics, config) of one message
-PEER_BYTES = 1024  # secure aggregation: a key, a ciphertext or a share per other client
 MAX_METADATA = 16 * 1024  # gRPC call metadata (id and token are < 100 bytes)
 MAX_PEERS = 4096  # peer hosts RejectLog remembers; beyond, hosts share one counter
 # An authenticated call's body must arrive within this: a client's own deadline for one call

@@ -2,7 +2,7 @@
 exponential back-off with jitter for calls a busy or absent server refused.
 
 A server that is busy answers ``RESOURCE_EXHAUSTED`` before any handler runs (its call limit, or the
-client's own share of calls in flight, :mod:`vatra.federated.guard`): nothing was done, so the
+client's own share of calls in flight, :mod:`vatra.federated.grpc.guard`): nothing was done, so the
 same call is sent again. ``UNAVAILABLE`` means the server or the link is down; the caller decides
 what else to redo (a restarted server must be joined again). A message refused for its size is
 never retried: it would be refused again.
@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import grpc
 
-from vatra.federated.guard import SIZE_LIMIT
+from vatra.federated.grpc.guard import SIZE_LIMIT
 
 T = TypeVar("T")
 
