@@ -1,6 +1,6 @@
 """The deployed server's hub against an authenticated client that misbehaves: races, floods, oracles.
 
-Most tests drive :class:`~vatra.federated.hub.Hub`'s handlers directly with a stand-in gRPC
+Most tests drive :class:`~vatra.federated.grpc.hub.Hub`'s handlers directly with a stand-in gRPC
 context (deterministic: the interleavings are forced, not raced); one runs a real TLS server.
 """
 
