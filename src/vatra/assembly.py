@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from vatra._io import atomic_write
 from vatra.asyncdp import mode_plugin
 from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
@@ -150,7 +151,7 @@ def resolve_run_dir(cfg: Config, ctx: Share, given: str | Path | None) -> RunDir
     if ctx.is_main:
         run_dir.create()
         if not run_dir.config.exists():  # a resumed run keeps the config it started with
-            run_dir.config.write_text(dump_toml(cfg))
+            atomic_write(run_dir.config, dump_toml(cfg), durable=True)
     ctx.barrier()
     return run_dir
 
@@ -197,5 +198,5 @@ def _pin_layout(cfg: Config, ctx: Share, given: str | Path | None) -> Config:
             flush=True,
         )
         if given is not None and RunDir(Path(given)).config.exists():  # vatra train wrote it: pin there
-            RunDir(Path(given)).config.write_text(dump_toml(pinned))
+            atomic_write(RunDir(Path(given)).config, dump_toml(pinned), durable=True)
     return pinned

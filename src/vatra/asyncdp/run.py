@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vatra._io import atomic_write
 from vatra.assembly import build_plugins, prepare_run
 from vatra.asyncdp.ps import AsyncWorker, Server
 from vatra.config import Config
@@ -211,5 +212,5 @@ def run_worker(
     final = rd.checkpoints / "async" / FINAL  # every worker ends with the servers' final parameters
     if index == 0:
         final.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(trainer.model, final)
+        atomic_write(final, lambda f: torch.save(trainer.model, f), durable=True)
     return summary
