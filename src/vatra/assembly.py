@@ -32,7 +32,6 @@ from vatra.monitor import (
     TensorBoardWriter,
     TrainingFaults,
 )
-from vatra.parallel.plan import choose
 from vatra.resilience import CheckpointPlugin, KillInjector
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id, read_jsonl
@@ -187,6 +186,10 @@ def _pin_layout(cfg: Config, ctx: Share, given: str | Path | None) -> Config:
         saved = load_config(RunDir(Path(given)).config).parallel
         if not saved.auto:
             return cfg.model_copy(update={"parallel": saved})
+    # here, not at the top: vatra.parallel loads torch's compiler stack (torch._dynamo, ~200
+    # modules), which a run without parallel.auto never needs
+    from vatra.parallel.plan import choose
+
     chosen = type(cfg.parallel).model_validate(
         _on_rank0(ctx, lambda: choose(cfg, ctx.world_size).model_dump())
     )
