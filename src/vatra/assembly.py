@@ -41,15 +41,12 @@ __all__ = ["PLUGINS", "Share", "Slot", "build_plugins", "prepare_run", "resolve_
 
 @dataclass(frozen=True)
 class Slot:
-    """One place in the dispatch order: the plugin ``build`` makes when the config ``wanted`` it."""
+    """One place in the dispatch order: the plugin ``build`` makes when the config ``wanted`` it
+    (no ``build``: the caller's plugins go there)."""
 
     name: str
     wanted: Callable[[Config], bool]
-    build: Callable[[Config, RunDir], Plugin]
-
-
-def _caller(cfg: Config, run_dir: RunDir) -> Plugin:
-    raise AssertionError("the caller's slot holds the plugins passed to build_plugins")
+    build: Callable[[Config, RunDir], Plugin] | None = None
 
 
 # Order matters: fault injection first (everything after it sees the fault), then the ranks'
@@ -80,7 +77,7 @@ PLUGINS: tuple[Slot, ...] = (
         lambda c: c.checkpoint.enabled and c.dist.mode != "async",
         lambda c, rd: CheckpointPlugin(c, rd),
     ),
-    Slot("caller", lambda c: True, _caller),
+    Slot("caller", lambda c: True),
     Slot("progress", lambda c: True, lambda c, rd: ProgressDisplay(c.run.progress, c.run.log_every)),
     Slot(
         "tensorboard", lambda c: c.run.tensorboard, lambda c, rd: TensorBoardWriter(rd, every=c.run.tb_every)
@@ -100,7 +97,7 @@ def build_plugins(
             plugins.extend(extra)
         elif slot.name == "mode" and mode is not None:
             plugins.append(mode)
-        elif slot.wanted(cfg):
+        elif slot.build is not None and slot.wanted(cfg):
             plugins.append(slot.build(cfg, run_dir))
     return plugins
 
