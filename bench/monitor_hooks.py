@@ -26,7 +26,7 @@ import torch
 
 from _common import print_table, write_result
 from monitor_overhead import BASE
-from vatra.api import build_plugins
+from vatra.assembly import build_plugins
 from vatra.config import load_config
 from vatra.engine import Plugin, Trainer, overrides
 from vatra.rundir import RunDir

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from _common import write_result
-from vatra.api import build_plugins
+from vatra.assembly import build_plugins
 from vatra.config import load_config
 from vatra.engine import Trainer
 from vatra.rundir import RunDir

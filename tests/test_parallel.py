@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
 import vatra
-import vatra.api
+import vatra.assembly
 from vatra.config import Config, config_from_dict, load_config
 from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import DistContext, Plugin, Trainer, seed_everything
@@ -281,7 +281,7 @@ def _heal_case(ctx: DistContext, parallel: dict[str, Any], run: Path) -> None:
     if ctx.is_main:
         rd.create()
     ctx.barrier()
-    trainer = _trainer(cfg, ctx, vatra.api.build_plugins(cfg, rd), run_dir=rd)
+    trainer = _trainer(cfg, ctx, vatra.assembly.build_plugins(cfg, rd), run_dir=rd)
     summary = trainer.fit()
     state = _full(trainer.model)
     finite = all(_gather(all(bool(torch.isfinite(t).all()) for t in state.values())))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tests.conftest import small_config
 
-from vatra.api import build_plugins
+from vatra.assembly import build_plugins
 from vatra.engine import Trainer
 from vatra.rundir import RunDir
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,6 +262,51 @@ def test_drift_check_refuses_a_unit_change_and_allow_drift_trains_with_the_alarm
     vatra.fit(tmp_path / "allowed" / "config.toml", run_dir=tmp_path / "allowed")  # resumed: not again
     events = [json.loads(x) for x in (tmp_path / "allowed" / "events.jsonl").read_text().splitlines()]
     assert sum(e["event"] == "drift_checked" for e in events) == 1
+
+
+def _async_job(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Rank 0 of a two-process ``dist.mode = "async"`` job, in this process: the roles it would
+    supervise are recorded (with the config they get) instead of started."""
+    import vatra.asyncdp.run
+    from vatra.launch import free_port
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    started: list[Any] = []
+    monkeypatch.setattr(vatra.asyncdp.run, "supervise", lambda cfg, *rest: started.append(cfg))
+    return started
+
+
+def test_an_async_run_is_pinned_and_drift_checked_as_a_sync_run(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import vatra
+
+    # Prepare: a table with two versions, then a forced unit change in a third
+    table = tmp_path / "t"
+    for i, seed in enumerate((0, 1)):
+        csv = write_csv(sensor_rows(200, seed), tmp_path / f"{i}.csv")
+        assert vatra_in_process(capsys, "data", "ingest", str(csv), "--table", str(table))[0] == 0
+    started = _async_job(monkeypatch)
+    # Execute: vatra.fit hands the job to its roles
+    sections = tomllib.loads(delta_config(tmp_path / "run.toml", table, drift_check=True).read_text())
+    sections["dist"] = {"mode": "async", "timeout_s": 30}
+    vatra.fit(sections, run_dir=tmp_path / "pinned")
+    # Assert: the roles and the run folder's config.toml name the version that was the latest
+    assert [c.data.version for c in started] == [1]
+    assert tomllib.loads((tmp_path / "pinned" / "config.toml").read_text())["data"]["version"] == 1
+    events = [json.loads(x) for x in (tmp_path / "pinned" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"].startswith("drift")] == ["drift_checked"]
+
+    changed = sensor_rows(400, 2).to_pydict()
+    changed["load"] = [v * 10 for v in changed["load"]]
+    csv = write_csv(pa.table(changed), tmp_path / "b.csv")
+    assert vatra_in_process(capsys, "data", "ingest", str(csv), "--table", str(table), "--force")[0] == 0
+    started.clear()
+    with pytest.raises(ConfigError, match="load"):  # refused before any role starts
+        vatra.fit(sections, run_dir=tmp_path / "refused")
+    assert started == []
 
 
 def test_s3_table_ingest_and_train(s3_server: dict, tmp_path: Path, capsys) -> None:

@@ -11,24 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vatra.asyncdp import mode_plugin
-from vatra.balance import Balancer
-from vatra.comm.plugin import CommPlugin
-from vatra.config import Config, config_from_dict, dump_toml, load_config
+from vatra.assembly import build_plugins, prepare_run
+from vatra.asyncdp.run import fit_async
+from vatra.config import Config, config_from_dict, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError
-from vatra.monitor import (
-    JsonlWriter,
-    Monitor,
-    ProgressDisplay,
-    PrometheusExporter,
-    StepTracer,
-    TensorBoardWriter,
-    TrainingFaults,
-)
-from vatra.resilience import CheckpointPlugin, KillInjector
-from vatra.resilience.heal import Healer
-from vatra.rundir import RunDir, new_run_id
 
 RUN_DIR_ENV = "VATRA_RUN_DIR"  # set by `vatra run`: every rank and every restart use this folder
 
@@ -40,114 +27,6 @@ class FitResult:
     summary: dict[str, Any]
     model: nn.Module
     run_dir: Path
-
-
-def build_plugins(
-    cfg: Config, run_dir: RunDir, extra: Iterable[Plugin] = (), *, mode: Plugin | None = None
-) -> list[Plugin]:
-    """The plugins a config asks for, in dispatch order, with the caller's ``extra`` ones.
-
-    Order matters: fault injection first (everything after it sees the fault), then
-    communication, balancing, monitoring and healing, checkpointing, the caller's plugins; display and
-    run-folder writers last so they record what the others added to the step's metrics.
-    """
-    plugins: list[Plugin] = []
-    if TrainingFaults.wanted(cfg.chaos):
-        plugins.append(TrainingFaults(cfg.chaos))
-    if cfg.chaos.kill_at_steps:
-        plugins.append(KillInjector(cfg.chaos, run_dir))
-    if mode is not None:  # an asynchronous worker's link to the servers
-        plugins.append(mode)
-    else:
-        plugins.append(CommPlugin(cfg.comm) if cfg.dist.mode == "sync" else mode_plugin(cfg))
-    if Balancer.wanted(cfg.balance):
-        plugins.append(Balancer(cfg.balance))
-    if cfg.monitor.enabled:
-        plugins.append(Monitor(cfg, run_dir))
-    if cfg.heal.enabled:
-        plugins.append(Healer(cfg))
-    if cfg.monitor.prometheus_port is not None:
-        plugins.append(PrometheusExporter(cfg.monitor))
-    if cfg.monitor.tracing:
-        plugins.append(StepTracer(cfg.monitor, run_dir.path))
-    if cfg.checkpoint.enabled and cfg.dist.mode != "async":  # async: the servers keep the model
-        plugins.append(CheckpointPlugin(cfg, run_dir))
-    plugins.extend(extra)
-    plugins.append(ProgressDisplay(cfg.run.progress, cfg.run.log_every))
-    if cfg.run.tensorboard:
-        plugins.append(TensorBoardWriter(run_dir, every=cfg.run.tb_every))
-    plugins.append(JsonlWriter(run_dir))
-    return plugins
-
-
-def resolve_run_dir(cfg: Config, ctx: DistContext, given: str | Path | None) -> RunDir:
-    """``given``, or a new ``runs/<name>-<timestamp>`` chosen by rank 0 and shared with all ranks."""
-    path = str(given) if given else str(Path(cfg.run.out_dir) / new_run_id(cfg.run.name))
-    path = str(ctx.broadcast_object(path))
-    run_dir = RunDir(Path(path))
-    if ctx.is_main:
-        run_dir.create()
-        if not run_dir.config.exists():  # a resumed run keeps the config it started with
-            run_dir.config.write_text(dump_toml(cfg))
-    ctx.barrier()
-    return run_dir
-
-
-def _on_rank0(ctx: DistContext, compute: Any) -> Any:
-    """``compute()`` on rank 0, its result (or its error) on every rank."""
-    from vatra.data import DataContext
-    from vatra.data.preprocess import on_rank0
-
-    return on_rank0(
-        DataContext(rank=ctx.rank, world_size=ctx.world_size, broadcast=ctx.broadcast_object), compute
-    )
-
-
-def _drift_checked(rd: RunDir) -> bool:
-    """Whether this run folder's data already passed ``data.drift_check``: a resumed run reads the
-    same pinned version, so it is not checked (and its alarms logged) again. A refused check
-    counts for nothing: a restart must be refused again."""
-    from vatra.rundir import read_jsonl
-
-    if not rd.events.exists():
-        return False
-    return any(e.get("event") == "drift_checked" and not e.get("refused") for e in read_jsonl(rd.events))
-
-
-def _pin_table(cfg: Config, ctx: DistContext) -> Config:
-    """A Delta table source read at one version on every rank: rank 0 resolves the latest, so the
-    run folder's config.toml and every rank name the same one."""
-    from vatra.data.tables.source import pin
-
-    data = _on_rank0(ctx, lambda: pin(cfg).data.model_dump())
-    return cfg.model_copy(update={"data": type(cfg.data).model_validate(data)})
-
-
-def _pin_layout(cfg: Config, ctx: DistContext, given: str | Path | None) -> Config:
-    """``parallel.auto``: the layout a resumed run started with (its run folder's config.toml), else
-    the planner's choice on rank 0 for this world size, the same on every rank; written into the
-    run folder's config.toml, so a resume (or a restart) trains on it again."""
-    if given is not None and RunDir(Path(given)).config.exists():
-        saved = load_config(RunDir(Path(given)).config).parallel
-        if not saved.auto:
-            return cfg.model_copy(update={"parallel": saved})
-
-    def choose() -> dict[str, Any]:
-        from vatra.parallel.plan import choose
-
-        return choose(cfg, ctx.world_size).model_dump()
-
-    chosen = type(cfg.parallel).model_validate(_on_rank0(ctx, choose))
-    pinned = cfg.model_copy(update={"parallel": chosen})
-    if ctx.is_main:
-        print(
-            f"vatra: parallel.auto chose dp {chosen.dp} × fsdp {chosen.fsdp} × tp {chosen.tp} × "
-            f"pp {chosen.pp} for {ctx.world_size} rank(s) (vatra plan shows the ranking)",
-            flush=True,
-        )
-        if given is not None and RunDir(Path(given)).config.exists():  # vatra train wrote it: pin there
-            RunDir(Path(given)).config.write_text(dump_toml(pinned))
-    return pinned
 
 
 def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
@@ -191,25 +70,15 @@ def fit(
     cfg = as_config(config)
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    where = run_dir or os.environ.get(RUN_DIR_ENV)
     if cfg.dist.mode == "async":  # workers and parameter servers, each supervised in place
-        from vatra.asyncdp.run import fit_async
-
-        where = run_dir or os.environ.get(RUN_DIR_ENV)
         summary, trained, path = fit_async(
             cfg, model=model, train=train, val=val, loss=loss, plugins=tuple(plugins), run_dir=where
         )
         return FitResult(summary, trained, path)
     ctx = DistContext.from_env(cfg.dist)
     try:
-        if train is None and cfg.data.name == "delta":
-            cfg = _pin_table(cfg, ctx)
-        if cfg.parallel.auto:
-            cfg = _pin_layout(cfg, ctx, run_dir or os.environ.get(RUN_DIR_ENV))
-        rd = resolve_run_dir(cfg, ctx, run_dir or os.environ.get(RUN_DIR_ENV))
-        if train is None and cfg.data.name == "delta" and cfg.data.drift_check and not _drift_checked(rd):
-            from vatra.data.tables.source import check_drift
-
-            _on_rank0(ctx, lambda: check_drift(cfg.data, rd.log_event))
+        cfg, rd = prepare_run(cfg, ctx, where, data_given=train is not None)
         trainer = Trainer.from_config(
             cfg,
             model=model,

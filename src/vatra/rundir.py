@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vatra._io import atomic_write
 from vatra.errors import RunLocked, VatraError, write_failed
 
 ERRORS_ENV = "VATRA_ERRORS_DIR"  # set by the launcher for its workers: where they leave error lines
@@ -244,9 +245,7 @@ class RunDir:
             raise VatraError(f"cannot lock run folder {self.path}: {err.strerror}") from None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        tmp = self.summary.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
-        tmp.replace(self.summary)  # atomic: a reader never sees half a summary
+        atomic_write(self.summary, json.dumps(summary, indent=2, default=float) + "\n", durable=True)
 
 
 def _flock(fd: int, mode: int) -> bool:

@@ -21,11 +21,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vatra._io import atomic_write
+from vatra.assembly import build_plugins, prepare_run
 from vatra.asyncdp.ps import AsyncWorker, Server
-from vatra.config import Config, dump_toml
+from vatra.config import Config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError, VatraError
-from vatra.rundir import RunDir, new_run_id
+from vatra.rundir import RunDir
 
 FINAL = "final-model.pt"
 
@@ -46,6 +48,32 @@ def job_store(timeout_s: float, *, host: bool) -> dist.Store:
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"vatra-async/{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}/{attempt}", store)
+
+
+class StoreShare:
+    """Rank 0's objects on every process of an asynchronous job, through the job's store (the
+    roles share no process group): what :func:`~vatra.assembly.prepare_run` needs."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.sent = 0  # the calls so far: every process makes the same ones, in the same order
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast_object(self, obj: object, src: int = 0) -> object:
+        key = f"share/{self.sent}"
+        self.sent += 1
+        if self.rank == src:
+            self.store.set(key, pickle.dumps(obj))  # type: ignore[arg-type]  # bytes: the stub says str
+            return obj
+        return pickle.loads(self.store.get(key))  # waits up to dist.timeout_s for rank ``src``
+
+    def barrier(self) -> None:
+        """The others wait until rank 0 gets here; rank 0 waits for no one. In :func:`prepare_run`
+        only rank 0 writes (the run folder, its config.toml), so that is the order it needs."""
+        self.broadcast_object(None)
 
 
 def roles(cfg: Config, world: int) -> tuple[int, int]:
@@ -73,13 +101,9 @@ def fit_async(
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     workers, _ = roles(cfg, world)
     store = job_store(cfg.dist.timeout_s, host=rank == 0)
-    if run_dir is None:  # rank 0 names the folder, the others read it from the store
-        if rank == 0:
-            store.set("run_dir", str(Path(cfg.run.out_dir) / new_run_id(cfg.run.name)))
-        run_dir = store.get("run_dir").decode()
-    rd = RunDir(Path(run_dir)).create()
-    if rank == 0 and not rd.config.exists():
-        rd.config.write_text(dump_toml(cfg))
+    # the Delta version, the folder and the drift check, as a synchronous run's; the roles get
+    # the pinned config
+    cfg, rd = prepare_run(cfg, StoreShare(store, rank, world), run_dir, data_given=train is not None)
     role, index = ("worker", rank) if rank < workers else ("server", rank - workers)
     objects = (model, train, val, loss, plugins)
     try:
@@ -170,8 +194,6 @@ def run_worker(
     objects: tuple[Any, ...] = (None, None, None, None, ()),
 ) -> dict[str, Any]:
     """Worker ``index`` of ``workers``: its own share of the data, no process group."""
-    from vatra.api import build_plugins
-
     model, train, val, loss, extra = objects
     if cfg.chaos.kill_rank >= workers:  # a server's kill: the server counts its own updates
         cfg = cfg.model_copy(update={"chaos": cfg.chaos.model_copy(update={"kill_at_steps": []})})
@@ -190,5 +212,5 @@ def run_worker(
     final = rd.checkpoints / "async" / FINAL  # every worker ends with the servers' final parameters
     if index == 0:
         final.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(trainer.model, final)
+        atomic_write(final, lambda f: torch.save(trainer.model, f), durable=True)
     return summary

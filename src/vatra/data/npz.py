@@ -9,7 +9,6 @@ resume), like a table's.
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vatra._io import atomic_write
 from vatra.config import DataConfig
 from vatra.data._base import DataContext, Datasets, DatasetSpec
 from vatra.data._split import Split
@@ -95,11 +95,8 @@ def _statistics(x: np.ndarray, ctx: DataContext, shape: tuple[int, ...]) -> tupl
     std = np.where(std > 0, std, 1.0)
     if path is not None and ctx.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"shape": list(shape), "mean": mean.ravel().tolist(), "std": std.ravel().tolist()})
-        )
-        os.replace(tmp, path)
+        stats = {"shape": list(shape), "mean": mean.ravel().tolist(), "std": std.ravel().tolist()}
+        atomic_write(path, json.dumps(stats), durable=True)  # a resume reads it
     return mean, std
 
 

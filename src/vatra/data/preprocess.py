@@ -15,7 +15,6 @@ The fitted state is saved to ``<run_dir>/data/preprocess.json`` by rank 0 and re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from vatra._extras import require
+from vatra._io import atomic_write
 from vatra.config import DataConfig
 from vatra.data._base import Batch, DataContext
 from vatra.errors import ConfigError
@@ -321,10 +321,8 @@ class Preprocess:
     def save(self, path: Path) -> None:
         """Write atomically: a reader never sees a half-written file."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         saved = {"format": _FORMAT, **asdict(self), "feature_names": self.feature_names}  # names: for readers
-        tmp.write_text(json.dumps(saved, indent=1))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(saved, indent=1), durable=True)  # a resume reads it
 
     @classmethod
     def load(cls, path: Path) -> Preprocess:

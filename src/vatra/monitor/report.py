@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from vatra._html import CSS, fmt, png
+from vatra._io import atomic_write
 from vatra.errors import ConfigError, VatraError
 from vatra.monitor.progress import headline
 from vatra.rundir import read_jsonl
@@ -319,7 +320,4 @@ update, purple = injected fault, brown = straggler named.</p><div class="grid">{
 </body></html>
 """
     target = out or run / "report.html"
-    tmp = target.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return atomic_write(target, page)  # not durable: vatra report draws it again from the run folder

@@ -6,7 +6,6 @@ import errno
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -14,19 +13,10 @@ from typing import Any, BinaryIO
 import fsspec
 
 from vatra._extras import MissingExtra
+from vatra._io import TEMP_MARK, atomic_write, fsync_dir
 from vatra.resilience._base import MissingKey, StoreBackend, StoreError
 
-TEMP_MARK = ".tmp-"  # in the name of a local write's temporary file, never in a key
 STORE_PREFIXES = ("objects/", "versions/", "tags/", ".deleted/")  # the folders a store writes
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable (a file's own fsync does not cover its name)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _makedirs(path: Path) -> None:
@@ -37,7 +27,7 @@ def _makedirs(path: Path) -> None:
         path = path.parent
     for folder in reversed(missing):
         folder.mkdir(exist_ok=True)
-        _fsync_dir(folder.parent)
+        fsync_dir(folder.parent)
 
 
 class FsspecBackend(StoreBackend):
@@ -87,17 +77,7 @@ class FsspecBackend(StoreBackend):
     def _write_local(self, target: Path, fill: Callable[[BinaryIO], object]) -> None:
         """``fill`` a temporary file beside ``target``, fsync it, rename it into place, fsync the folder."""
         _makedirs(target.parent)
-        tmp = target.with_name(f"{target.name}{TEMP_MARK}{uuid.uuid4().hex[:8]}")
-        try:
-            with tmp.open("xb") as f:
-                fill(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(target.parent)
+        atomic_write(target, fill, durable=True)
 
     def put(self, key: str, data: bytes) -> None:
         try:
@@ -131,7 +111,7 @@ class FsspecBackend(StoreBackend):
                     self._write_local(target, lambda f: shutil.copyfileobj(src, f, 8 << 20))
                 path.unlink()
             else:
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
         except self._fails as err:
             raise self._error("write", key, err) from None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vatra._html import CSS, png, pyplot
+from vatra._io import atomic_write
 from vatra.errors import ConfigError
 from vatra.rundir import read_jsonl
 
@@ -77,11 +78,8 @@ def write_study_json(study: optuna.Study, run: Study) -> Path:
         "importances": importances(study) if len(done) >= 2 else {},
         "trials": rows,
     }
-    target = run.folder / "study.json"
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str))
-    tmp.replace(target)
-    return target
+    # not durable: rewritten as trials finish, and drawn again from the study's storage
+    return atomic_write(run.folder / "study.json", json.dumps(payload, indent=2, default=str))
 
 
 def find_study(given: str, out_dir: str = "runs") -> tuple[Path, dict[str, Any]]:
@@ -253,8 +251,4 @@ def write_report(folder: Path) -> Path:
 <h2>Search-space reshaping</h2>{_moves_table(events)}
 </body></html>
 """
-    target = folder / "report.html"
-    tmp = target.with_suffix(".html.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return atomic_write(folder / "report.html", page)  # not durable: drawn again with study.json

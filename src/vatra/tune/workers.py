@@ -79,12 +79,13 @@ def by_epochs(cfg: Config, rows: int) -> Config:
 
 def train_here(cfg: Config, run_dir: RunDir, trial: optuna.Trial, cache: DataCache) -> dict[str, Any]:
     """One trial in this process: the engine's Trainer on cached data, seeded as ``vatra.fit`` is."""
-    from vatra.api import build_plugins
-    from vatra.engine import Trainer
+    from vatra.assembly import build_plugins, prepare_run
+    from vatra.engine import DistContext, Trainer
     from vatra.engine.trainer import rank_seed, seed_everything
     from vatra.models import build_model
     from vatra.tune.pruning import TrialPruner
 
+    cfg, run_dir = prepare_run(cfg, DistContext(), run_dir.path, data_given=True)  # the cache's data
     train, val, spec = cache.get(cfg)
     seed_everything(cfg.run.seed)  # the same initial weights as `vatra train` with this config
     model = build_model(cfg.model, spec, {name: h.size for name, h in cfg.train.multitask.heads.items()})
@@ -198,7 +199,7 @@ def serve(
             continue
         if not warm:  # torch, the data and the plugins' modules, before the first trial's clock starts
             cache.get(cfg)
-            import vatra.api  # noqa: F401
+            import vatra.assembly  # noqa: F401
 
             warm = True
             continue  # the study may have moved on meanwhile

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vatra._extras import require
+from vatra._io import atomic_write
 from vatra.errors import ConfigError, VatraError
 
 if TYPE_CHECKING:
@@ -181,17 +182,7 @@ class Table:
         if is_remote(self.uri):  # an object store's put is atomic
             fs.pipe_file(path, text.encode())
             return
-        tmp = Path(f"{path}.tmp-{time.time_ns()}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(text.encode())
-                f.flush()
-                import os
-
-                os.fsync(f.fileno())
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write(path, text, durable=True)
 
     def log_event(self, kind: str, **fields: Any) -> None:
         """Append one line to ``_vatra/events.jsonl`` (read-modify-write: objects cannot be appended)."""

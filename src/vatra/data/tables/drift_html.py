@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from vatra._html import CSS, fmt, png, pyplot
+from vatra._io import atomic_write
 from vatra.data.tables.drift import ColumnDrift, DriftReport, category_counts, numeric_values
 from vatra.errors import write_failed
 
@@ -178,11 +179,9 @@ change also the current rows it covers mapped back to the reference's units.</p>
 <div class="grid">{"".join(images)}</div>
 </body></html>
 """
-    tmp = path.with_suffix(path.suffix + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(path)
+        atomic_write(path, page)  # not durable: a report, drawn again by vatra data drift
     except OSError as err:
         raise write_failed(err, path) from None
     return path
