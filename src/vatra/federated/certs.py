@@ -25,28 +25,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from vatra._io import atomic_write
 from vatra.errors import ConfigError
 
 VALID_DAYS = 365
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    if not private:
-        path.write_bytes(data)
-        return
-    # A fresh file created 0600 (fchmod: a umask such as 0o277 must not leave it 0400), filled,
-    # then renamed over the old one: no moment where the key is readable by others or half-written.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
+    # Whole or not at all, and a private file (key, token) is 0600 from its first byte: no moment
+    # where it is readable by others or half-written.
+    atomic_write(path, data, private=private, durable=True)
 
 
 def _private_dir(path: Path) -> None:

@@ -11,7 +11,6 @@ every round and a new server on the same run folder resumes at the next round.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from vatra._io import atomic_write
 from vatra.config import Config
 from vatra.data import DatasetSpec
 from vatra.errors import VatraError
@@ -119,12 +119,7 @@ class FederatedServer:
         facts = {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics}
         blob = encode({**facts, "hook": self.hook.state()}, {f"strategy.{k}": v for k, v in arrays.items()})
         self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint_path.with_suffix(".tmp")
-        with tmp.open("wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.checkpoint_path)  # atomic: a crash leaves the previous round's checkpoint
+        atomic_write(self.checkpoint_path, blob, durable=True)  # a crash leaves the last round's
 
     def _resume(self) -> bool:
         if not self.checkpoint_path.exists():
