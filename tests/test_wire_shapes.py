@@ -1,0 +1,56 @@
+"""Tensor shapes a hostile peer can write into a message header: refused as WireError, never ValueError."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vatra.federated._base import FitRes
+from vatra.federated.secagg.messages import pack, unpack
+from vatra.federated.wire import WireError, decode, decode_eval_res, decode_res, decode_views, encode_res
+
+READERS: list[Callable[[bytes], Any]] = [decode, decode_views, decode_res, decode_eval_res, unpack]
+
+
+def _message(kind: str, shape: list[int], data: bytes) -> bytes:
+    """A safetensors blob with one tensor ``update`` of ``shape``, written by hand (no encoder refuses it)."""
+    meta = {"kind": kind, "client_id": 1, "round": 1, "num_samples": 1, "num_examples": 1, "metrics": {}}
+    meta |= {"stage": "advertise", "body": {}}
+    header = {
+        "__metadata__": {"meta": json.dumps(meta)},
+        "update": {"dtype": "F32", "shape": shape, "data_offsets": [0, len(data)]},
+    }
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [
+        ([1] * 65, b"\0" * 4),  # more dimensions than numpy holds
+        ([0, 2**63], b""),  # zero-size, one dimension past int64
+        ([0, 2**62, 2**62], b""),  # zero-size, in range each, too big together
+    ],
+    ids=["65-dims", "zero-size-2^63", "zero-size-too-big"],
+)
+@pytest.mark.parametrize("read", READERS, ids=lambda f: f.__name__)
+def test_a_malformed_tensor_shape_raises_wire_error(
+    read: Callable[[bytes], Any], shape: list[int], data: bytes
+) -> None:
+    kind = {"decode_eval_res": "eval_res", "unpack": "secagg"}.get(read.__name__, "fit_res")
+    with pytest.raises(WireError):  # a plain ValueError escapes Hub.submit's handler: the round then waits
+        read(_message(kind, shape, data))
+
+
+def test_well_formed_shapes_still_decode() -> None:
+    res = FitRes(1, 2, 3, np.arange(4, dtype=np.float32))
+    assert decode_res(encode_res(res)).update.tolist() == [0.0, 1.0, 2.0, 3.0]
+    _, tensors = decode_views(_message("fit_res", [0, 5], b""))
+    assert tensors["update"].shape == (0, 5)
+    _, _, body = unpack(pack("advertise", 1, {"w": np.ones((2, 3), np.float32)}))
+    assert body["w"].shape == (2, 3)
