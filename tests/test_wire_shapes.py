@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from tests.fuzz.wire_targets import tensor_message
 
 from vatra.federated._base import FitRes
 from vatra.federated.secagg.messages import pack, unpack
 from vatra.federated.wire import WireError, decode, decode_eval_res, decode_res, decode_views, encode_res
 
 READERS: list[Callable[[bytes], Any]] = [decode, decode_views, decode_res, decode_eval_res, unpack]
-
-
-def _message(kind: str, shape: list[int], data: bytes) -> bytes:
-    """A safetensors blob with one tensor ``update`` of ``shape``, written by hand (no encoder refuses it)."""
-    meta = {"kind": kind, "client_id": 1, "round": 1, "num_samples": 1, "num_examples": 1, "metrics": {}}
-    meta |= {"stage": "advertise", "body": {}}
-    header = {
-        "__metadata__": {"meta": json.dumps(meta)},
-        "update": {"dtype": "F32", "shape": shape, "data_offsets": [0, len(data)]},
-    }
-    text = json.dumps(header).encode()
-    return struct.pack("<Q", len(text)) + text + data
 
 
 @pytest.mark.parametrize(
@@ -44,13 +31,13 @@ def test_a_malformed_tensor_shape_raises_wire_error(
 ) -> None:
     kind = {"decode_eval_res": "eval_res", "unpack": "secagg"}.get(read.__name__, "fit_res")
     with pytest.raises(WireError):  # a plain ValueError escapes Hub.submit's handler: the round then waits
-        read(_message(kind, shape, data))
+        read(tensor_message(kind, shape, data))
 
 
 def test_well_formed_shapes_still_decode() -> None:
     res = FitRes(1, 2, 3, np.arange(4, dtype=np.float32))
     assert decode_res(encode_res(res)).update.tolist() == [0.0, 1.0, 2.0, 3.0]
-    _, tensors = decode_views(_message("fit_res", [0, 5], b""))
+    _, tensors = decode_views(tensor_message("fit_res", [0, 5], b""))
     assert tensors["update"].shape == (0, 5)
     _, _, body = unpack(pack("advertise", 1, {"w": np.ones((2, 3), np.float32)}))
     assert body["w"].shape == (2, 3)

@@ -11,6 +11,7 @@ item a row) or :class:`RankingDataset` (one item a list of rows, ``data.group`` 
 from __future__ import annotations
 
 import glob
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,11 +237,21 @@ def read_schema(path: str) -> pa.Schema:
 
     try:
         if _kind(path) == "parquet":
-            return pq.read_schema(path)
-        with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=_delimiter(path))) as reader:
-            return reader.schema
+            schema = pq.read_schema(path)
+        else:
+            with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=_delimiter(path))) as reader:
+                schema = reader.schema
+        names = schema.names  # pyarrow decodes the column names only here
     except (OSError, pa.ArrowInvalid) as err:
         raise ConfigError(f"data.path: cannot read {path}: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"data.path: {path}: a column name is not UTF-8 text ({err}); save the file as UTF-8"
+        ) from None
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)
+    if twice:  # a column is looked up by name: which of two would be read is undefined
+        raise ConfigError(f"data.path: {path}: columns {twice[:5]} appear more than once; rename them")
+    return schema
 
 
 def same_columns(files: list[str]) -> pa.Schema:
