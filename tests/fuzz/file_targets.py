@@ -51,6 +51,11 @@ def _config_seeds() -> list[bytes]:
     return seeds
 
 
+def _config_findings() -> list[bytes]:
+    """run.import_paths holding a NUL, in the file and in an override (a ValueError traceback before)."""
+    return [b'[run]\nimport_paths = ["a\\u0000b"]\n', b'\0run.import_paths=["\\u0000"]']
+
+
 def config_one_input(data: bytes) -> None:
     """A TOML file and ``--set`` overrides (NUL-separated) through :func:`load_config`, as ``vatra``
     reads them (no run kind, a training run, a federated run); an accepted config must reload."""
@@ -202,6 +207,6 @@ def table_one_input(data: bytes) -> None:
             part.get_batch(np.arange(min(len(part), 4)))  # type: ignore[attr-defined, arg-type]
 
 
-CONFIG = Target("config", config_one_input, _config_seeds, CONFIG_TOKENS)
+CONFIG = Target("config", config_one_input, _config_seeds, CONFIG_TOKENS, _config_findings)
 MANIFEST = Target("manifest", manifest_one_input, _manifest_seeds, MANIFEST_TOKENS)
 TABLE = Target("table", table_one_input, _table_seeds, TABLE_TOKENS, _table_findings)

@@ -370,7 +370,7 @@ def config_from_dict(
         if isinstance(section, dict):
             base = Path(base_dir).resolve()
             given = section.get("import_paths", ["."])  # default: the config file's own folder
-            if isinstance(given, list) and all(isinstance(p, str) for p in given):
+            if isinstance(given, list) and all(isinstance(p, str) and "\0" not in p for p in given):
                 section["import_paths"] = list(dict.fromkeys(str((base / p).resolve()) for p in given))
     try:
         cfg = Config.model_validate(raw)

@@ -55,6 +55,13 @@ class RunConfig(Section):
 
     _name = field_validator("name")(_folder_name)
 
+    @field_validator("import_paths")
+    @classmethod
+    def _no_nul(cls, paths: list[str]) -> list[str]:
+        if any("\0" in p for p in paths):
+            raise ValueError("a folder name holds a NUL character, which no path can hold; remove it")
+        return paths
+
 
 TaskKind = Literal["classification", "multilabel", "regression", "ranking", "lm", "multitask"]
 
