@@ -65,8 +65,10 @@ def _one_run(name: str, folder: Path, seconds: int, rss_mb: int, timeout_s: int)
         (int(m) for m in re.findall(r"^#(\d+)", log, re.MULTILINE)), default=0
     )
     written = re.findall(r"Test unit written to (\S+)", log)
+    done = re.search(r"Done \d+ runs in (\d+) second", log)
     return {
         "seconds": time.monotonic() - start,
+        "fuzz_s": int(done.group(1)) if done else None,  # libFuzzer's own count, without start-up
         "executions": execs,
         "cov": int(status[-1][0]) if status else 0,
         "ft": int(status[-1][1]) if status else 0,
@@ -102,6 +104,7 @@ def fuzz_target(name: str, minutes: float, rss_mb: int, timeout_s: int, fresh: b
     return {
         "target": name,
         "seconds": round(seconds, 1),
+        "fuzz_s": sum(r["fuzz_s"] or 0 for r in runs),
         "executions": execs,
         "execs_per_s": round(execs / seconds, 1) if seconds else 0.0,
         "cov": max(r["cov"] for r in runs),
@@ -128,14 +131,12 @@ def main() -> None:
         rows = list(
             pool.map(lambda n: fuzz_target(n, args.minutes, args.rss_mb, args.timeout_s, args.fresh), names)
         )
+    headers = ["target", "wall s", "fuzz s", "executions", "execs/s", "cov (paths)", "ft", "corpus"]
+    keys = ["target", "seconds", "fuzz_s", "executions", "execs_per_s", "cov", "ft", "corpus", "peak_rss_mb"]
     print_table(
-        ["target", "s", "executions", "execs/s", "cov (paths)", "ft", "corpus", "peak RSS MB", "findings"],
-        [
-            [r["target"], r["seconds"], r["executions"], r["execs_per_s"], r["cov"], r["ft"], r["corpus"],
-             r["peak_rss_mb"], "; ".join(f["error"] for f in r["findings"]) or "none"]
-            for r in rows
-        ],
-    )  # fmt: skip
+        [*headers, "peak RSS MB", "findings"],
+        [[*(r[k] for k in keys), "; ".join(f["error"] for f in r["findings"]) or "none"] for r in rows],
+    )
     suffix = "" if args.target is None else "_" + "_".join(names)
     write_result(f"fuzz{suffix}", {"minutes": args.minutes, "command": " ".join(sys.argv), "targets": rows})
 

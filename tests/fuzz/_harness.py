@@ -9,6 +9,7 @@ mutations of them, in ``tests/test_fuzz.py``.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,3 +56,46 @@ def mutations(seeds: Sequence[bytes], tokens: Sequence[bytes], count: int, seed:
                     i = rng.choice(digits)
                     data[i : i + 1] = str(rng.choice((0, 1, 7, 2**31, 2**63, 10**30))).encode()
         yield bytes(data)
+
+
+TAIL = bytes(range(256)) * 8  # 2 kB of tensor bytes under a fuzzed safetensors header
+
+
+def _parts(blob: bytes) -> tuple[bytes, bytes]:
+    """(header JSON, tensor bytes) of a safetensors message."""
+    n = int.from_bytes(blob[:8], "little")
+    return blob[8 : 8 + n], blob[8 + n :]
+
+
+def framed(data: bytes, beside: Sequence[bytes]) -> bytes:
+    """The message a fuzz input stands for. Its first byte picks the layer the fuzzer mutates, so that
+    mutations reach the checks past the framing: 0, the message's raw bytes; 1, the safetensors header
+    JSON (the length prefix and 2 kB of tensor bytes are added); 2 + i, the metadata JSON text, put
+    under ``__metadata__.meta`` of the message ``beside[i]`` (its tensors stay valid)."""
+    if not data:
+        return data
+    mode, body = data[0] % (2 + len(beside)), data[1:]
+    if mode == 0:
+        return body
+    if mode == 1:
+        return len(body).to_bytes(8, "little") + body + TAIL
+    head, tensors = _parts(beside[mode - 2])
+    header = json.loads(head)
+    header["__metadata__"] = {"meta": body.decode("utf-8", "replace")}
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + tensors
+
+
+def frame_seeds(blobs: Sequence[bytes], beside: Sequence[bytes]) -> list[bytes]:
+    """Each message as three seeds: raw, its header JSON, and its metadata beside the ``beside`` message
+    whose tensor names match (the first, when none does)."""
+    seeds = []
+    for blob in blobs:
+        head, _ = _parts(blob)
+        header = json.loads(head)
+        names = set(header) - {"__metadata__"}
+        at = next(
+            (i for i, b in enumerate(beside) if set(json.loads(_parts(b)[0])) - {"__metadata__"} == names), 0
+        )
+        seeds += [b"\x00" + blob, b"\x01" + head, bytes([2 + at]) + header["__metadata__"]["meta"].encode()]
+    return seeds

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from tests.fuzz._harness import Target
+from tests.fuzz._harness import Target, frame_seeds, framed
 
 from vatra.data._base import DatasetSpec, TargetSpec
 from vatra.federated._base import EvalRes, FitIns, FitRes
@@ -50,7 +50,7 @@ SECAGG_TOKENS = [
 ]  # fmt: skip
 
 
-def _wire_seeds() -> list[bytes]:
+def _wire_messages() -> list[bytes]:
     spec = DatasetSpec(
         "classification", (8,), 3, heads={"y": TargetSpec("classification", 3)}, categorical={"c": 4}
     )
@@ -83,14 +83,26 @@ def tensor_message(kind: str, shape: list[int], data: bytes = b"") -> bytes:
 def _shape_findings() -> list[bytes]:
     """Shapes numpy refuses with ValueError (issue 34, item 7): 65 dimensions; zero-size, past 2^63."""
     return [
-        tensor_message(kind, shape, data)
+        b"\x00" + tensor_message(kind, shape, data)
         for kind in ("fit_res", "eval_res", "secagg")
         for shape, data in (([1] * 65, b"\0" * 4), ([0, 2**63], b""), ([0, 2**62, 2**62], b""))
     ]
 
 
+WIRE_BESIDE = [  # tensors a fuzzed metadata text travels with: a fit result's, a fit instruction's, none
+    encode({}, {"update": np.zeros(6, np.float32), "payload.0.raw": np.ones(3, np.float32)}),
+    encode({}, {"model.0": np.zeros(6, np.float32), "model.1": np.ones(6, np.float32)}),
+    encode({}),
+]
+
+
+def _wire_seeds() -> list[bytes]:
+    return frame_seeds(_wire_messages(), WIRE_BESIDE)
+
+
 def wire_one_input(data: bytes) -> None:
     """Every reader of a received or stored message, and the join's data spec, on the same bytes."""
+    data = framed(data, WIRE_BESIDE)
     for read in (decode, decode_views, decode_ins, decode_res, decode_eval_res):
         with contextlib.suppress(WireError):
             read(data)
@@ -122,7 +134,7 @@ def _abort(code: Any, details: str) -> None:
 _CONTEXT = SimpleNamespace(abort=_abort)
 
 
-def _secagg_seeds() -> list[bytes]:
+def _secagg_messages() -> list[bytes]:
     rng = np.random.default_rng(0)
 
     def raw(n: int) -> bytes:
@@ -144,8 +156,28 @@ def _secagg_seeds() -> list[bytes]:
     ]
 
 
+SECAGG_BESIDE = [  # ids, rows of 32 bytes, ids, rows of 33 bytes, a masked vector
+    encode(
+        {},
+        {
+            "t0": np.array([1, 2, 3], np.int64),
+            "t1": np.zeros((3, 32), np.uint8),
+            "t2": np.array([2, 3], np.int64),
+            "t3": np.ones((2, 33), np.uint8),
+            "t4": np.arange(10, dtype=np.uint32),
+        },
+    ),
+    encode({}),
+]
+
+
+def _secagg_seeds() -> list[bytes]:
+    return frame_seeds(_secagg_messages(), SECAGG_BESIDE)
+
+
 def secagg_one_input(data: bytes) -> None:
     """The secure-aggregation decoder, and the server's handler of a client's reply around it."""
+    data = framed(data, SECAGG_BESIDE)
     with contextlib.suppress(WireError):
         unpack(data)
     hub = _hub()
