@@ -70,7 +70,7 @@ def config_one_input(data: bytes) -> None:
     run = (None, "train", "federated")[len(sets) % 3]
     saved = list(sys.path)  # run.import_paths go on sys.path: keep the fuzzer's own path unchanged
     try:
-        cfg = load_config(path, [s.decode("utf-8", "replace") for s in sets], run=run)  # type: ignore[arg-type]
+        cfg = load_config(path, [s.decode("utf-8", "replace") for s in sets], run=run)
     except VatraError:
         return
     finally:
@@ -128,7 +128,7 @@ def manifest_one_input(data: bytes) -> None:
             decode_manifest(data, VERSION, key)
         with contextlib.suppress(StoreError):
             decode_tag(data, "latest", key)
-        root = Path(store.backend.url)  # type: ignore[attr-defined]
+        root = Path(store.backend.url)
         (root / "versions" / f"{VERSION}.json").write_bytes(data)
         (root / "tags" / "latest").write_bytes(data)
         ref = data.split(b"\n", 1)[0].decode("utf-8", "replace")[:200]
@@ -210,7 +210,7 @@ def table_one_input(data: bytes) -> None:
         return
     for part in (train, val):
         if part is not None:
-            part.get_batch(np.arange(min(len(part), 4)))  # type: ignore[attr-defined, arg-type]
+            part.get_batch(np.arange(min(len(part), 4)))
 
 
 CONFIG = Target("config", config_one_input, _config_seeds, CONFIG_TOKENS, _config_findings)

@@ -31,11 +31,12 @@ def main(argv: list[str]) -> None:
     if len(argv) < 3:
         raise SystemExit("usage: python -m tests.fuzz.run TARGET CORPUS_DIR [libFuzzer flags]")
     name, corpus = argv[1], Path(argv[2])
+    from tests.fuzz.targets import MODULES, load
+
+    if name not in MODULES:
+        raise SystemExit(f"unknown target {name!r}; one of {', '.join(MODULES)}")
     with atheris.instrument_imports(include=list(INSTRUMENT)):
-        from tests.fuzz.targets import TARGETS
-    if name not in TARGETS:
-        raise SystemExit(f"unknown target {name!r}; one of {', '.join(TARGETS)}")
-    target = TARGETS[name]
+        target = load(name)
     corpus.mkdir(parents=True, exist_ok=True)
     if not any(corpus.iterdir()):
         for seed in [*target.seeds(), *target.findings()]:

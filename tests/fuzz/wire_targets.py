@@ -182,7 +182,7 @@ def secagg_one_input(data: bytes) -> None:
         unpack(data)
     hub = _hub()
     try:
-        secagg_reply(hub, 1, data, _CONTEXT)  # type: ignore[arg-type]
+        secagg_reply(hub, 1, data, _CONTEXT)
     except _Refused:  # INVALID_ARGUMENT: the reply is recorded as a drop-out, with the reason logged
         if hub.events != ["secagg_malformed_reply"] or not isinstance(hub.stage_replies.get(1), str):
             raise AssertionError("a refused reply was not recorded as a drop-out and logged") from None
