@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,10 @@ from vatra.config._load import load_config
 from vatra.data._base import DataContext
 from vatra.data.table import build_table
 from vatra.errors import ConfigError
+from vatra.resilience._base import StoreError
+from vatra.resilience.fsspec_backend import FsspecBackend
+from vatra.resilience.manifest import decode_manifest
+from vatra.resilience.store import CheckpointStore
 
 
 def _table(path: Path, body: bytes, target: str = "y") -> None:
@@ -35,3 +40,16 @@ def test_a_nul_in_run_import_paths_is_a_config_error(tmp_path: Path, where: str)
     sets = ['run.import_paths=["\\u0000"]'] if where == "override" else []
     with pytest.raises(ConfigError, match=r"run\.import_paths: a folder name holds a NUL character"):
         load_config(path, sets)
+
+
+def test_a_signed_manifest_with_a_non_ascii_signature_is_a_store_error(tmp_path: Path) -> None:
+    # Prepare: a signed store holding one version, then its manifest's signature replaced by text.
+    store = CheckpointStore(FsspecBackend(str(tmp_path)), hmac_key=b"k")
+    version = store.write_version({"w.bin": b"weights"}, step=1, parent=None, world_size=1)["version"]
+    path = tmp_path / "versions" / f"{version}.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps(record | {"signature": "hmac-sha256:é"}))
+    # Execute + Assert: refused as tampered (it was a TypeError traceback), and listed by a scan.
+    with pytest.raises(StoreError, match="signature does not match"):
+        decode_manifest(path.read_bytes(), version, b"k")
+    assert list(store.scan().unreadable) == [f"versions/{version}.json"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import json
 import shutil
 import sys
 import tempfile
@@ -120,6 +121,11 @@ def _store(key: bytes | None) -> CheckpointStore:
 _STORES = {key: _store(key) for key in (None, KEY)}
 
 
+def _manifest_findings() -> list[bytes]:
+    """A signed store's manifest whose signature is non-ASCII text (TypeError in compare_digest)."""
+    return [json.dumps(_manifest() | {"signature": "hmac-sha256:é"}).encode()]
+
+
 def manifest_one_input(data: bytes) -> None:
     """The manifest and tag decoders, and a store whose ``latest`` tag and one manifest hold ``data``
     (scanning, verifying it, resolving the input's first line as a ref), with and without a signing key."""
@@ -214,5 +220,5 @@ def table_one_input(data: bytes) -> None:
 
 
 CONFIG = Target("config", config_one_input, _config_seeds, CONFIG_TOKENS, _config_findings)
-MANIFEST = Target("manifest", manifest_one_input, _manifest_seeds, MANIFEST_TOKENS)
+MANIFEST = Target("manifest", manifest_one_input, _manifest_seeds, MANIFEST_TOKENS, _manifest_findings)
 TABLE = Target("table", table_one_input, _table_seeds, TABLE_TOKENS, _table_findings)
