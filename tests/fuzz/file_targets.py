@@ -195,9 +195,14 @@ def _table_seeds() -> list[bytes]:
     return [csv.getvalue() + bytes([i]) for i in range(len(VARIANTS))] + [parquet.getvalue() + b"\x00"]
 
 
+FINDINGS = Path(__file__).resolve().parent / "findings"  # inputs libFuzzer found, kept as they were
+
+
 def _table_findings() -> list[bytes]:
-    """A header that is not UTF-8, a column name twice (tracebacks from pyarrow before they were refused)."""
-    return [b'"a","b"\xb1,"y"\n1,2,0\n3,4,1\n\x00', b"a,a,y\n1,2,0\n3,4,1\n\x00"]
+    """A header that is not UTF-8, a column name twice, a Parquet footer naming a 4-bit integer
+    (UnicodeDecodeError, KeyError, ArrowNotImplementedError tracebacks before they were refused)."""
+    kept = [p.read_bytes() for p in sorted(FINDINGS.glob("table-*"))]
+    return [b'"a","b"\xb1,"y"\n1,2,0\n3,4,1\n\x00', b"a,a,y\n1,2,0\n3,4,1\n\x00", *kept]
 
 
 def table_one_input(data: bytes) -> None:
