@@ -68,7 +68,8 @@ def _one_run(name: str, folder: Path, seconds: int, rss_mb: int, timeout_s: int)
     done = re.search(r"Done \d+ runs in (\d+) second", log)
     return {
         "seconds": time.monotonic() - start,
-        "fuzz_s": int(done.group(1)) if done else None,  # libFuzzer's own count, without start-up
+        # libFuzzer's own count, without start-up; a run a finding ended has none: its wall time
+        "fuzz_s": int(done.group(1)) if done else round(time.monotonic() - start),
         "executions": execs,
         "cov": int(status[-1][0]) if status else 0,
         "ft": int(status[-1][1]) if status else 0,
@@ -104,7 +105,7 @@ def fuzz_target(name: str, minutes: float, rss_mb: int, timeout_s: int, fresh: b
     return {
         "target": name,
         "seconds": round(seconds, 1),
-        "fuzz_s": sum(r["fuzz_s"] or 0 for r in runs),
+        "fuzz_s": sum(r["fuzz_s"] for r in runs),
         "executions": execs,
         "execs_per_s": round(execs / seconds, 1) if seconds else 0.0,
         "cov": max(r["cov"] for r in runs),

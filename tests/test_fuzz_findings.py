@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,9 @@ from vatra.resilience.manifest import decode_manifest
 from vatra.resilience.store import CheckpointStore
 
 
-def _table(path: Path, body: bytes, target: str = "y") -> None:
+def _table(path: Path, body: bytes, target: str = "y", **kw: Any) -> None:
     path.write_bytes(body)
-    build_table(DataConfig(name="table", path=str(path), target=target), DataContext(seed=0))
+    build_table(DataConfig(name="table", path=str(path), target=target, **kw), DataContext(seed=0))
 
 
 def test_a_csv_header_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
@@ -31,6 +32,12 @@ def test_a_csv_header_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None
 def test_a_csv_with_a_column_name_twice_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"columns \['a'\] appear more than once"):
         _table(tmp_path / "t.csv", b"a,a,y\n1,2,0\n3,4,1\n")
+
+
+def test_a_split_column_that_is_not_utf8_text_is_a_config_error(tmp_path: Path) -> None:
+    body = b"a,y,split\n1,0,train\n2,1,\xffval\n3,0,train\n4,1,val\n"  # pyarrow reads it as binary
+    with pytest.raises(ConfigError, match=r"data\.split_column: values must be the text 'train' or 'val'"):
+        _table(tmp_path / "t.csv", body, split_column="split")
 
 
 def test_a_parquet_footer_arrow_cannot_read_is_a_config_error(tmp_path: Path) -> None:

@@ -199,10 +199,11 @@ FINDINGS = Path(__file__).resolve().parent / "findings"  # inputs libFuzzer foun
 
 
 def _table_findings() -> list[bytes]:
-    """A header that is not UTF-8, a column name twice, a Parquet footer naming a 4-bit integer
-    (UnicodeDecodeError, KeyError, ArrowNotImplementedError tracebacks before they were refused)."""
+    """A header that is not UTF-8, a column name twice, a split column that is not UTF-8, a Parquet
+    footer naming a 4-bit integer (tracebacks from pyarrow before they were refused)."""
     kept = [p.read_bytes() for p in sorted(FINDINGS.glob("table-*"))]
-    return [b'"a","b"\xb1,"y"\n1,2,0\n3,4,1\n\x00', b"a,a,y\n1,2,0\n3,4,1\n\x00", *kept]
+    split = b"a,y,split\n1,0,train\n2,1,\xffval\n3,0,train\n4,1,val\n\x02"  # not UTF-8: read as binary
+    return [b'"a","b"\xb1,"y"\n1,2,0\n3,4,1\n\x00', b"a,a,y\n1,2,0\n3,4,1\n\x00", split, *kept]
 
 
 def table_one_input(data: bytes) -> None:

@@ -295,7 +295,10 @@ def split_values(col: Any) -> np.ndarray:
     pa = arrow()
     import pyarrow.compute as pc
 
-    strings = pc.cast(col, pa.string())
+    try:
+        strings = pc.cast(col, pa.string())
+    except pa.ArrowException as err:  # bytes that are not UTF-8 text, a type with no text form
+        raise ConfigError(f"data.split_column: values must be the text 'train' or 'val' ({err})") from None
     found = [v for v in pc.unique(strings).to_pylist() if v not in ("train", "val")]
     if found:
         raise ConfigError(
