@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from vatra.config import DataConfig
@@ -38,6 +39,27 @@ def test_a_split_column_that_is_not_utf8_text_is_a_config_error(tmp_path: Path) 
     body = b"a,y,split\n1,0,train\n2,1,\xffval\n3,0,train\n4,1,val\n"  # pyarrow reads it as binary
     with pytest.raises(ConfigError, match=r"data\.split_column: values must be the text 'train' or 'val'"):
         _table(tmp_path / "t.csv", body, split_column="split")
+
+
+def test_an_integer_feature_past_2_to_the_24_is_rounded_to_float32_not_a_traceback(tmp_path: Path) -> None:
+    # float32 holds integers exactly only up to 2^24: ids or timestamps as features are rounded
+    body = b"a,b,y\n44444444444443,1,0\n2,2,1\n3,1,0\n4,2,1\n5,1,0\n"
+    (tmp_path / "t.csv").write_bytes(body)
+    cfg = DataConfig(
+        name="table", path=str(tmp_path / "t.csv"), target="y", standardize=False, val_fraction=0.2
+    )
+    train, val, _ = build_table(cfg, DataContext(seed=0))
+    rows = [
+        *train.get_batch(np.arange(len(train)))[0][:, 0].tolist(),
+        *val.get_batch(np.arange(len(val)))[0][:, 0].tolist(),
+    ]
+    assert np.float32(44444444444443) in rows
+
+
+def test_a_categorical_column_that_is_not_utf8_text_is_a_config_error(tmp_path: Path) -> None:
+    body = b"a,c,y\n1,\xffred,0\n2,blue,1\n3,red,0\n4,blue,1\n5,red,0\n"  # pyarrow reads c as binary
+    with pytest.raises(ConfigError, match="a text column holds values that are not UTF-8 text"):
+        _table(tmp_path / "t.csv", body, categorical=["c"])
 
 
 def test_a_parquet_footer_arrow_cannot_read_is_a_config_error(tmp_path: Path) -> None:

@@ -199,11 +199,15 @@ FINDINGS = Path(__file__).resolve().parent / "findings"  # inputs libFuzzer foun
 
 
 def _table_findings() -> list[bytes]:
-    """A header that is not UTF-8, a column name twice, a split column that is not UTF-8, a Parquet
-    footer naming a 4-bit integer (tracebacks from pyarrow before they were refused)."""
+    """A header that is not UTF-8, a column name twice, a split column or a category that is not
+    UTF-8, an integer feature past 2^24, a Parquet footer naming a 4-bit integer (tracebacks from
+    pyarrow before)."""
     kept = [p.read_bytes() for p in sorted(FINDINGS.glob("table-*"))]
     split = b"a,y,split\n1,0,train\n2,1,\xffval\n3,0,train\n4,1,val\n\x02"  # not UTF-8: read as binary
-    return [b'"a","b"\xb1,"y"\n1,2,0\n3,4,1\n\x00', b"a,a,y\n1,2,0\n3,4,1\n\x00", split, *kept]
+    big = b"a,b,y\n44444444444443,1,0\n2,2,1\n3,1,0\n4,2,1\n5,1,0\n\x00"  # past float32's exact integers
+    category = b"a,c,y\n1,\xffred,0\n2,blue,1\n3,red,0\n4,blue,1\n5,red,0\n\x01"
+    header = b'"a","b"\xb1,"y"\n1,2,0\n3,4,1\n\x00'
+    return [header, b"a,a,y\n1,2,0\n3,4,1\n\x00", split, big, category, *kept]
 
 
 def table_one_input(data: bytes) -> None:
