@@ -111,8 +111,8 @@ def check_missing(table: pa.Table, plan: Plan, nan: str) -> tuple[np.ndarray | N
 def float32_column(col: Any) -> np.ndarray:
     """A numeric arrow column as a float32 numpy array (nulls are NaN)."""
     pa, pc = arrow(), _compute()
-    if col.type != pa.float32():
-        col = pc.cast(col, pa.float32())
+    if col.type != pa.float32():  # float32 holds integers exactly up to 2^24: larger ones are rounded
+        col = pc.cast(col, pa.float32(), safe=False)
     return np.asarray(col.to_numpy(), dtype=np.float32)
 
 
@@ -146,7 +146,12 @@ def numeric_matrix(
 
 def _strings(col: Any) -> Any:
     pa, pc = arrow(), _compute()
-    return col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
+    if pa.types.is_string(col.type):
+        return col
+    try:
+        return pc.cast(col, pa.string())
+    except pa.ArrowException as err:  # a CSV column of bytes that are not UTF-8 is read as binary
+        raise ConfigError(f"data.path: a text column holds values that are not UTF-8 text ({err})") from None
 
 
 @dataclass

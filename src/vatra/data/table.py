@@ -242,7 +242,7 @@ def read_schema(path: str) -> pa.Schema:
             with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=_delimiter(path))) as reader:
                 schema = reader.schema
         names = schema.names  # pyarrow decodes the column names only here
-    except (OSError, pa.ArrowInvalid) as err:
+    except (OSError, pa.ArrowException) as err:  # any Arrow error: a corrupt file is not readable
         raise ConfigError(f"data.path: cannot read {path}: {err}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(
@@ -282,11 +282,11 @@ def read_table(files: list[str], columns: list[str]) -> pa.Table:
                 parse = pcsv.ParseOptions(delimiter=_delimiter(f))
                 convert = pcsv.ConvertOptions(include_columns=columns)
                 tables.append(pcsv.read_csv(f, parse_options=parse, convert_options=convert))
-        except (OSError, pa.ArrowInvalid) as err:
+        except (OSError, pa.ArrowException) as err:
             raise ConfigError(f"data.path: cannot read {f}: {err}") from None
     try:
         return pa.concat_tables(tables, promote_options="permissive").combine_chunks()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+    except pa.ArrowException as err:
         raise ConfigError(f"data.path: the files' column types do not agree: {err}") from None
 
 
@@ -295,7 +295,10 @@ def split_values(col: Any) -> np.ndarray:
     pa = arrow()
     import pyarrow.compute as pc
 
-    strings = pc.cast(col, pa.string())
+    try:
+        strings = pc.cast(col, pa.string())
+    except pa.ArrowException as err:  # bytes that are not UTF-8 text, a type with no text form
+        raise ConfigError(f"data.split_column: values must be the text 'train' or 'val' ({err})") from None
     found = [v for v in pc.unique(strings).to_pylist() if v not in ("train", "val")]
     if found:
         raise ConfigError(

@@ -38,6 +38,8 @@ MAX_INT = 2**53  # ints a peer sends must convert to float exactly (float(10**40
 MAX_METRICS = 64  # metrics per fit result
 MAX_TEXT = 256  # characters of a metric name or string value
 MAX_LIST = 64  # items of a list-valued metric
+MAX_DIMS = 32  # dimensions of a received tensor (numpy holds at most 64; vatra's messages use 1 or 2)
+MAX_DIM = 2**62  # one dimension's size: a zero-size tensor may name any, numpy refuses ≥ 2^63
 # Metrics the server itself reads as numbers (server, selectors, strategies, upload hooks).
 INT_METRICS = frozenset({"model", "update_floats", "dp_unclipped", "data_version"})
 FLOAT_METRICS = frozenset(
@@ -147,13 +149,28 @@ def decode_views(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             lo, hi = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError, OverflowError):
             raise WireError(f"tensor {name!r}: unsupported or malformed header entry") from None
+        if len(shape) > MAX_DIMS or not all(0 <= d <= MAX_DIM for d in shape):
+            raise WireError(
+                f"tensor {_short(name)}: shape {_short(shape)}: over {MAX_DIMS} dimensions or one too large"
+            )
         count = math.prod(shape)
-        if min(shape, default=0) < 0 or not 0 <= lo <= hi <= size or hi - lo != count * dtype.itemsize:
-            raise WireError(f"tensor {name!r}: offsets do not match its shape and the message size")
-        if count == 0:
-            tensors[name] = np.zeros(shape, dtype=dtype)
-            continue
-        tensors[name] = np.frombuffer(blob, dtype=dtype, count=count, offset=start + lo).reshape(shape)
+        if not 0 <= lo <= hi <= size or hi - lo != count * dtype.itemsize:
+            raise WireError(f"tensor {_short(name)}: offsets do not match its shape and the message size")
+        try:
+            if count == 0:
+                tensors[name] = np.zeros(shape, dtype=dtype)
+            else:
+                tensors[name] = np.frombuffer(blob, dtype=dtype, count=count, offset=start + lo).reshape(
+                    shape
+                )
+        except (
+            ValueError,
+            OverflowError,
+            MemoryError,
+        ) as err:  # numpy's own limits, whatever the checks above miss
+            raise WireError(
+                f"tensor {_short(name)}: shape {_short(shape)} is not one numpy can hold: {err}"
+            ) from None
     return meta, tensors
 
 

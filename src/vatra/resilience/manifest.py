@@ -54,7 +54,12 @@ def _canonical(manifest: Manifest) -> str:
 def _check_signature(where: str, signature: object, expected: str) -> None:
     if signature is None:
         raise StoreError(f"{where}: not signed, but store.hmac_key_env is set; refusing an unsigned record")
-    if not isinstance(signature, str) or not hmac.compare_digest(signature, expected):
+    # compare_digest raises TypeError on non-ASCII str: a tampered record may hold any text
+    if (
+        not isinstance(signature, str)
+        or not signature.isascii()
+        or not hmac.compare_digest(signature, expected)
+    ):
         raise StoreError(f"{where}: signature does not match (tampered, or signed with another key)")
 
 

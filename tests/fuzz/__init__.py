@@ -1,0 +1,1 @@
+"""Coverage-guided fuzz targets (atheris) for every decoder of outside input; see ``targets.TARGETS``."""
