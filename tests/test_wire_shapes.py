@@ -14,9 +14,9 @@ from tests.fuzz.wire_targets import tensor_message
 
 from vatra.federated import UploadHook
 from vatra.federated._base import FitRes
-from vatra.federated.guard import CLIENT_KEY, TOKEN_KEY
+from vatra.federated.grpc.guard import CLIENT_KEY, TOKEN_KEY
+from vatra.federated.grpc.hub import Hub
 from vatra.federated.secagg.messages import pack, unpack
-from vatra.federated.transport import Hub
 from vatra.federated.wire import WireError, decode, decode_eval_res, decode_res, decode_views, encode_res
 from vatra.rundir import RunDir, read_jsonl
 

@@ -19,8 +19,8 @@ from tests.fuzz._harness import Target, frame_seeds, framed
 from vatra.data._base import DatasetSpec, TargetSpec
 from vatra.federated._base import EvalRes, FitIns, FitRes
 from vatra.federated.data import spec_from_json, spec_to_json
+from vatra.federated.grpc.stages import secagg_reply
 from vatra.federated.secagg.crypto import SEALED_BYTES, SHARE_BYTES
-from vatra.federated.secagg.deploy import secagg_reply
 from vatra.federated.secagg.messages import BytesTable, pack, unpack
 from vatra.federated.wire import (
     WireError,
@@ -119,7 +119,7 @@ class _Refused(Exception):
 
 
 def _hub() -> Any:
-    """The parts of a :class:`~vatra.federated.transport.Hub` that ``secagg_reply`` touches."""
+    """The parts of a :class:`~vatra.federated.grpc.hub.Hub` that ``secagg_reply`` touches."""
     events: list[str] = []
     run_dir = SimpleNamespace(log_event=lambda kind, **fields: events.append(kind))
     return SimpleNamespace(
