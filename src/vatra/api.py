@@ -96,7 +96,7 @@ def resolve_run_dir(cfg: Config, ctx: DistContext, given: str | Path | None) -> 
 def _on_rank0(ctx: DistContext, compute: Any) -> Any:
     """``compute()`` on rank 0, its result (or its error) on every rank."""
     from vatra.data import DataContext
-    from vatra.data.preprocess import on_rank0
+    from vatra.data._base import on_rank0
 
     return on_rank0(
         DataContext(rank=ctx.rank, world_size=ctx.world_size, broadcast=ctx.broadcast_object), compute

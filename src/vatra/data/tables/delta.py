@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vatra._extras import require
+from vatra.data.tabular.files import read_schema, read_table
 from vatra.errors import ConfigError, VatraError
 
 if TYPE_CHECKING:
@@ -268,8 +269,6 @@ def local_files(dt: DeltaTable) -> list[str] | None:
 # ---------------------------------------------------------------- reading files to ingest
 def read_file(path: str) -> pa.Table:
     """One CSV or Parquet file, every column (CSV types inferred by pyarrow)."""
-    from vatra.data.table import read_schema, read_table
-
     if Path(path).is_dir():
         raise ConfigError(f"{path} is a folder; name the CSV or Parquet files in it ({path}/*.csv)")
     try:
