@@ -24,9 +24,8 @@ from vatra.monitor import (
     PrometheusExporter,
     StepTracer,
     TensorBoardWriter,
-    TrainingFaults,
 )
-from vatra.resilience import CheckpointPlugin, KillInjector
+from vatra.resilience import CheckpointPlugin, KillInjector, TrainingFaults
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id
 

@@ -1,5 +1,5 @@
 """Full-state checkpoints of a training run: the plugin and its parts (schedule, writer, loader,
-SIGTERM agreement, corruption injection)."""
+SIGTERM agreement)."""
 
 from __future__ import annotations
 

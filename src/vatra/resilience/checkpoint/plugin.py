@@ -6,7 +6,7 @@ this package. Both calls are collective: every rank must make them at the same p
 
 The parts, one module each: :mod:`.schedule` (when to save), :mod:`.writer` (a version to the store,
 inline or on a thread), :mod:`.loader` (the newest intact version, with fallback), :mod:`.preemption`
-(the SIGTERM agreement) and :mod:`.corruption` (``chaos.corrupt_checkpoint_at``).
+(the SIGTERM agreement); ``chaos.corrupt_checkpoint_at`` is :mod:`vatra.resilience.chaos.storage`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
 from vatra.resilience import recovery, snapshot
-from vatra.resilience.checkpoint.corruption import CheckpointCorruptor
+from vatra.resilience.chaos import CheckpointCorruptor
 from vatra.resilience.checkpoint.loader import VersionLoader
 from vatra.resilience.checkpoint.preemption import Preempted, StopAgreement
 from vatra.resilience.checkpoint.ranks import RankGroups

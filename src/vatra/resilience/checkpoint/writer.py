@@ -19,7 +19,7 @@ from vatra.resilience.checkpoint.ranks import CheckpointWriteError, RankGroups, 
 from vatra.resilience.store import CheckpointStore, StoreError
 
 if TYPE_CHECKING:
-    from vatra.resilience.checkpoint.corruption import CheckpointCorruptor
+    from vatra.resilience.chaos import CheckpointCorruptor
     from vatra.rundir import RunDir
 
 # (state, own files, staging folder, version, parent, info, is rank 0)
