@@ -85,7 +85,7 @@ def test_adaptive_refuses_what_it_cannot_serve() -> None:
     from tests.conftest import small_config
 
     from vatra.engine import Trainer
-    from vatra.monitor.chaos import TrainingFaults
+    from vatra.resilience.chaos import TrainingFaults
 
     cfg = small_config(chaos={"gpu_memory_gb": [4]})
     with pytest.raises(ConfigError, match=r"gpu_memory_gb limits a GPU's memory.*chaos\.oom_batch"):

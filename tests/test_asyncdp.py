@@ -19,7 +19,7 @@ from vatra.data import ShardSampler
 from vatra.engine import DistContext, Trainer, seed_everything
 from vatra.errors import ConfigError
 from vatra.models import build_model
-from vatra.monitor.chaos import TrainingFaults
+from vatra.resilience.chaos import TrainingFaults
 from vatra.rundir import read_jsonl
 
 STEPS, LOCAL_BATCH, WORLD = 6, 8, 2

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from vatra.config import DataConfig
 from vatra.data import DataContext, ParquetStream
 from vatra.data.loader import split_rows
-from vatra.data.table import build_table
+from vatra.data.tabular import build_table
 from vatra.errors import ConfigError
 
 GROUPS, GROUP_ROWS = 16, 10
@@ -215,7 +215,7 @@ def test_stream_is_picklable_and_saves_preprocessing_once(tmp_path: Path) -> Non
 
 def test_only_rank_zero_fits_the_others_receive_its_broadcast(tmp_path: Path, monkeypatch: Any) -> None:
     # Prepare: count the passes over the data; rank 0's broadcast payload is handed to rank 1
-    import vatra.data.stream as stream_module
+    import vatra.data.tabular.stream as stream_module
 
     _write(tmp_path / "t.parquet")
     passes: list[int] = []

@@ -16,7 +16,7 @@ from torch.utils.data import default_collate
 
 from vatra.config import DataConfig
 from vatra.data import DataContext, RankingDataset, TableDataset
-from vatra.data.table import build_table
+from vatra.data.tabular import build_table
 from vatra.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ import pytest
 from vatra.config import DataConfig
 from vatra.config._load import load_config
 from vatra.data._base import DataContext
-from vatra.data.table import build_table
+from vatra.data.tabular import build_table
 from vatra.errors import ConfigError
 from vatra.resilience._base import StoreError
 from vatra.resilience.fsspec_backend import FsspecBackend

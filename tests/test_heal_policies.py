@@ -13,9 +13,10 @@ import torch
 from tests.conftest import small_config
 
 from vatra.engine import Plugin, Trainer
-from vatra.engine.signals import Verdict
 from vatra.errors import VatraError
-from vatra.monitor import JsonlWriter, Monitor, TrainingFaults
+from vatra.monitor import JsonlWriter, Monitor
+from vatra.monitor.signals import Verdict
+from vatra.resilience.chaos import TrainingFaults
 from vatra.resilience.heal import ActionCap, Healer, HealingFailed, Rollback, SkipSpike
 from vatra.rundir import RunDir, read_jsonl
 

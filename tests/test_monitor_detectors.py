@@ -16,9 +16,10 @@ from tests.conftest import small_config
 
 from vatra.config import MonitorConfig
 from vatra.engine import Trainer
-from vatra.engine.signals import RobustZ
-from vatra.monitor import Ensemble, JsonlWriter, TrainingFaults
+from vatra.monitor import Ensemble, JsonlWriter
 from vatra.monitor.iforest import IsolationForestDetector, PackedForest
+from vatra.monitor.signals import RobustZ
+from vatra.resilience.chaos import TrainingFaults
 from vatra.rundir import RunDir, read_jsonl
 
 STEPS = 400

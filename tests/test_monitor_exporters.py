@@ -18,8 +18,8 @@ from vatra.monitor import (
     PrometheusExporter,
     StepTracer,
     TensorBoardWriter,
-    TrainingFaults,
 )
+from vatra.resilience.chaos import TrainingFaults
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, read_jsonl
 

@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from tests.conftest import small_config
 
 from vatra.engine import DistContext, Plugin, Trainer
-from vatra.monitor import Monitor, TrainingFaults
+from vatra.monitor import Monitor
+from vatra.resilience.chaos import TrainingFaults
 
 STEPS, EVERY, WORLD = 23, 5, 2
 SPIKE = 23  # a gradient spike at the last step: the robust z is ready (22 residuals), alarms on it

@@ -145,7 +145,8 @@ def test_table_is_standard_delta_readable_by_deltalake_and_pyarrow(tmp_path: Pat
 def test_show_and_diff_count_rows_added_and_removed(tmp_path: Path, capsys) -> None:
     from deltalake import DeltaTable
 
-    from vatra.data.tables.delta import Table, diff
+    from vatra.data.tables.delta import Table
+    from vatra.data.tables.versions import diff
 
     table = tmp_path / "t"
     batches = [sensor_rows(100, seed) for seed in (0, 1)]

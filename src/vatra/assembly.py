@@ -20,7 +20,7 @@ from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
 from vatra.config import Config, dump_toml, load_config
 from vatra.data import DataContext
-from vatra.data.preprocess import on_rank0
+from vatra.data._base import on_rank0
 from vatra.data.tables.source import check_drift, pin
 from vatra.engine import Plugin
 from vatra.monitor import (
@@ -30,9 +30,8 @@ from vatra.monitor import (
     PrometheusExporter,
     StepTracer,
     TensorBoardWriter,
-    TrainingFaults,
 )
-from vatra.resilience import CheckpointPlugin, KillInjector
+from vatra.resilience import CheckpointPlugin, KillInjector, TrainingFaults
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id, read_jsonl
 

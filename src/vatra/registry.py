@@ -197,7 +197,7 @@ DATASETS = Registry(
         "images": "vatra.data.images:build_images",
         "npz": "vatra.data.npz:build_npz",
         "synthetic": "vatra.data.datasets:synthetic",
-        "table": "vatra.data.table:build_table",
+        "table": "vatra.data.tabular:build_table",
         "text": "vatra.data.datasets:text",
     },
 )

@@ -27,8 +27,8 @@ from tests.fuzz._harness import Target
 from vatra.config import DataConfig
 from vatra.config._load import config_from_dict, dump_toml, load_config
 from vatra.data._base import DataContext
-from vatra.data.table import build_table
 from vatra.data.tables.delta import read_file
+from vatra.data.tabular import build_table
 from vatra.errors import VatraError
 from vatra.resilience._base import StoreError
 from vatra.resilience.fsspec_backend import FsspecBackend

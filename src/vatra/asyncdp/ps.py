@@ -277,7 +277,7 @@ class Server:
                 incarnation=self.incarnation,
             )
         if self.kill_at:
-            from vatra.resilience.faults import fired_steps
+            from vatra.resilience.chaos import fired_steps
 
             self.kill_at -= fired_steps(self.run_dir, "chaos_kill")
         publish_incarnation(self.store, f"server{self.index}", self.incarnation)

@@ -141,7 +141,7 @@ def ingest(
 @data_app.command("log")
 def log(table: TableArg, config: ConfigOpt = None, option: OptionOpt = []) -> None:  # noqa: B006
     """Every version: when, how many rows, and what made it (files, forced ingests)."""
-    from vatra.data.tables.delta import history
+    from vatra.data.tables.versions import history
 
     out = RichTable("version", "time (UTC)", "operation", "rows added", "rows", "files", "schema", "forced")
     for v in history(_table(table, config, option)):
@@ -169,7 +169,7 @@ def show(
     option: OptionOpt = [],  # noqa: B006
 ) -> None:
     """One version: its row count, columns and types, schema hash, and its first rows."""
-    from vatra.data.tables.delta import show as snapshot
+    from vatra.data.tables.versions import show as snapshot
 
     snap = snapshot(_table(table, config, option), version, max(rows, 0))
     print(f"version {snap.version}: {snap.rows} rows, {len(snap.schema)} columns")
@@ -189,7 +189,7 @@ def diff(
     option: OptionOpt = [],  # noqa: B006
 ) -> None:
     """Rows added and removed between two versions, and how each column's summary changed."""
-    from vatra.data.tables.delta import diff as compare
+    from vatra.data.tables.versions import diff as compare
 
     d = compare(_table(table, config, option), v1, v2)
     print(f"version {d.v1} → {d.v2}: {d.rows_v1} → {d.rows_v2} rows; +{d.added} added, -{d.removed} removed")

@@ -203,7 +203,7 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
             registry.load_callable(value)
     if cfg.data.name == "table":
         from vatra.data import DataContext
-        from vatra.data.table import check_table
+        from vatra.data.tabular import check_table
 
         heads = {name: h.task for name, h in cfg.train.multitask.heads.items()}
         check_table(cfg.data, DataContext(seed=cfg.run.seed, task=cfg.train.task, head_tasks=heads))

@@ -18,10 +18,8 @@ from vatra.data.datasets import build_dataset
 from vatra.data.images import ImageFolderDataset
 from vatra.data.infer import infer_spec, user_datasets
 from vatra.data.partition import PARTITIONERS, partition
-from vatra.data.preprocess import Preprocess
 from vatra.data.sampler import GlobalBatchSampler, ShardSampler, even_split
-from vatra.data.stream import ParquetStream
-from vatra.data.table import RankingDataset, TableDataset
+from vatra.data.tabular import ParquetStream, Preprocess, RankingDataset, TableDataset
 
 __all__ = [
     "PARTITIONERS",

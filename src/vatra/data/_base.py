@@ -22,13 +22,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from vatra.errors import ConfigError
+
 TaskKind = Literal["classification", "multilabel", "regression", "ranking", "lm", "multitask"]
+T = TypeVar("T")
 Batch = tuple[Any, Any]  # (inputs, target): each a tensor or a dict of tensors
 
 
@@ -79,6 +82,34 @@ class DataContext:
     task: str = "auto"  # train.task: a source that can serve several tasks (a table) follows it
     head_tasks: Mapping[str, str] = field(default_factory=dict)  # multitask: head name -> its task
     keep: tuple[str, ...] = ()  # table columns kept aside, not as features (federated partition.column)
+
+
+def preprocess_path(ctx: DataContext) -> Path | None:
+    """Where a source saves what it fitted, reused on resume: ``<run_dir>/data/preprocess.json``."""
+    return ctx.run_dir / "data" / "preprocess.json" if ctx.run_dir is not None else None
+
+
+def on_rank0(ctx: DataContext, compute: Callable[[], T]) -> T:
+    """``compute()`` on rank 0, sent to every rank with ``ctx.broadcast``; rank 0's failure is raised
+    on every rank (none is left waiting). A rank whose broadcast returns nothing (one process playing
+    that rank, with no real broadcast) computes for itself."""
+    sent: tuple[str, Any] | None = None
+    failure: BaseException | None = None
+    if ctx.rank == 0:
+        try:
+            sent = ("ok", compute())
+        except Exception as err:
+            failure = err
+            sent = ("error", str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
+    got: Any = ctx.broadcast(sent)
+    if failure is not None:
+        raise failure
+    if got is None:
+        return compute()
+    kind, value = got
+    if kind == "error":
+        raise ConfigError(f"{value} (on rank 0)")
+    return value
 
 
 class Datasets(NamedTuple):

@@ -18,11 +18,8 @@ read them.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from vatra.data._base import Batch, BatchedDataset, StreamDataset, to_device
+from vatra.data.prefetch import Pooled, ReadAhead
 from vatra.data.sampler import GlobalBatchSampler, ShardSampler
 from vatra.errors import ConfigError
 
@@ -65,77 +63,6 @@ class _Endless(Sampler[Any]):
         while True:
             idx = self.sampler.next_batch()
             yield idx.tolist() if self.as_list else idx
-
-
-class _Failed:
-    def __init__(self, err: BaseException) -> None:
-        self.err = err
-
-
-class _ReadAhead:
-    """Pulls items from an iterator on a background thread, up to ``depth`` ahead, in order."""
-
-    def __init__(self, it: Iterator[Any], depth: int) -> None:
-        self.it = it
-        self.items: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="vatra-prefetch", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            for item in self.it:
-                while not self.stopped.is_set():
-                    try:
-                        self.items.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if self.stopped.is_set():
-                    return
-        except BaseException as err:  # surfaced on the training thread by __next__
-            self.items.put(_Failed(err))
-
-    def __iter__(self) -> _ReadAhead:
-        return self
-
-    def __next__(self) -> Any:
-        item = self.items.get()
-        if isinstance(item, _Failed):
-            raise item.err
-        return item
-
-    def close(self) -> None:
-        self.stopped.set()
-        while self.thread.is_alive():
-            try:
-                self.items.get(timeout=0.05)
-            except queue.Empty:
-                continue
-        self.thread.join()
-
-
-class _Pooled:
-    """Batches of a sampler's order fetched by ``depth`` threads, ``depth`` in flight, yielded in order."""
-
-    def __init__(self, sampler: AnySampler, fetch: Callable[[np.ndarray], Any], depth: int) -> None:
-        self.sampler = sampler
-        self.fetch = fetch
-        self.pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="vatra-prefetch")
-        self.queue: deque[Future[Any]] = deque(
-            self.pool.submit(fetch, sampler.next_batch()) for _ in range(depth)
-        )
-
-    def __iter__(self) -> _Pooled:
-        return self
-
-    def __next__(self) -> Any:
-        result = self.queue.popleft().result()
-        self.queue.append(self.pool.submit(self.fetch, self.sampler.next_batch()))
-        return result
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class Batches:
@@ -262,7 +189,7 @@ class MapBatches(Batches):
         self._version = self.sampler.version
         ahead = self.sampler.copy()
         if self.depth and not self.workers:  # healing's prefetch without loader workers: threads
-            return _Pooled(ahead, self._fetch, self.depth)
+            return Pooled(ahead, self._fetch, self.depth)
         if self.in_process:
             return map(self._fetch, _Endless(ahead, as_list=False))
         if isinstance(self.dataset, BatchedDataset):
@@ -343,7 +270,7 @@ class StreamBatches(Batches):
             it: Iterator[Any] = iter(self.stream)
         else:
             it = iter(DataLoader(self.stream, batch_size=None, collate_fn=_keep, **self.loader_options()))
-        return _ReadAhead(it, self.depth) if self.depth and not self.workers else it
+        return ReadAhead(it, self.depth) if self.depth and not self.workers else it
 
     def next(self) -> Batch:
         if self._stale():
@@ -429,7 +356,7 @@ class IterBatches(Batches):
                     )
                 yield _EPOCH_END
 
-        return _ReadAhead(epochs(), self.depth) if self.depth and not self.workers else epochs()
+        return ReadAhead(epochs(), self.depth) if self.depth and not self.workers else epochs()
 
     def next(self) -> Batch:
         if self._stale():

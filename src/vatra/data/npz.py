@@ -18,9 +18,8 @@ import torch
 
 from vatra._io import atomic_write
 from vatra.config import DataConfig
-from vatra.data._base import DataContext, Datasets, DatasetSpec
+from vatra.data._base import DataContext, Datasets, DatasetSpec, on_rank0, preprocess_path
 from vatra.data._split import Split
-from vatra.data.preprocess import on_rank0, preprocess_path
 from vatra.errors import ConfigError
 
 

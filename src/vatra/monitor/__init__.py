@@ -1,8 +1,7 @@
-"""Monitoring: metric collection, anomaly detectors, exporters, fault injection, the run report."""
+"""Monitoring: metric collection, anomaly detectors, exporters, the run report."""
 
 from vatra.monitor._base import Detector, build_detector
 from vatra.monitor.autoencoder import AutoencoderDetector
-from vatra.monitor.chaos import TrainingFaults
 from vatra.monitor.ensemble import FEATURES, Alarm, Ensemble
 from vatra.monitor.exporters import PrometheusExporter, StepTracer
 from vatra.monitor.iforest import IsolationForestDetector
@@ -24,7 +23,6 @@ __all__ = [
     "PrometheusExporter",
     "StepTracer",
     "TensorBoardWriter",
-    "TrainingFaults",
     "ZScoreDetector",
     "build_detector",
 ]

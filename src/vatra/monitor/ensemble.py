@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from vatra.config._monitor import MonitorConfig
-from vatra.engine.signals import STREAMS, RobustZ
 from vatra.monitor._base import Detector, build_detector
 from vatra.monitor._fitproc import build_fitter
 from vatra.monitor._learned import LearnedDetector
+from vatra.monitor.signals import STREAMS, RobustZ
 
 FEATURES = tuple(f"{name}_z" for name in STREAMS)  # ("loss_z", "grad_norm_z", "loss_change_z")
 
@@ -20,7 +20,7 @@ FEATURES = tuple(f"{name}_z" for name in STREAMS)  # ("loss_z", "grad_norm_z", "
 @dataclass
 class Alarm:
     """One anomalous step: which detectors fired, their scores and thresholds, the raw values, and
-    the streams it is blamed on (see :class:`~vatra.engine.signals.Verdict`)."""
+    the streams it is blamed on (see :class:`~vatra.monitor.signals.Verdict`)."""
 
     step: int
     detectors: list[str]

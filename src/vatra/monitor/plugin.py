@@ -16,10 +16,10 @@ import torch.distributed as dist
 from vatra._extras import MissingExtra, require
 from vatra.config import Config
 from vatra.engine import Plugin
-from vatra.engine.signals import Verdict, stream_mask
 from vatra.monitor.aftercare import report_after_training
 from vatra.monitor.collect import SystemSampler, module_grad_norms
 from vatra.monitor.ensemble import Alarm, Ensemble
+from vatra.monitor.signals import Verdict, stream_mask
 from vatra.rundir import RunDir
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from vatra.monitor._base import Detector
 
 class ZScoreDetector(Detector):
     """The largest upward robust z among the features (the ensemble's features already are robust
-    z values, :class:`~vatra.engine.signals.RobustZ`, see :class:`~vatra.monitor.ensemble.FeatureBuilder`).
+    z values, :class:`~vatra.monitor.signals.RobustZ`, see :class:`~vatra.monitor.ensemble.FeatureBuilder`).
 
     Stateless beyond those baselines, so it is ready as soon as the warm-up is over.
     """

@@ -1,9 +1,9 @@
 """Fault tolerance: full-state checkpoints, the versioned store, erasure coding, recovery, fault injection."""
 
 from vatra.resilience._base import GcAborted, MissingKey, StoreBackend, StoreError, StoreUsageError
+from vatra.resilience.chaos import KillInjector, TrainingFaults, corrupt_version, truncate_manifest
 from vatra.resilience.checkpoint import CheckpointPlugin, Preempted
 from vatra.resilience.erasure import ErasureBackend
-from vatra.resilience.faults import KillInjector, corrupt_version, truncate_manifest
 from vatra.resilience.fsspec_backend import FsspecBackend
 from vatra.resilience.recovery import record_worker_failures
 from vatra.resilience.store import LAST_GOOD, LATEST, CheckpointStore, Scan, open_store
@@ -23,6 +23,7 @@ __all__ = [
     "StoreBackend",
     "StoreError",
     "StoreUsageError",
+    "TrainingFaults",
     "corrupt_version",
     "open_store",
     "record_worker_failures",

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from vatra.config import Config, DataConfig
 from vatra.data._base import DataContext, Datasets
-from vatra.data.table import build_rows, make_plan
 from vatra.data.tables.delta import Table, arrow_schema, is_remote, local_files, read_version
+from vatra.data.tabular.memory import build_rows
+from vatra.data.tabular.plan import make_plan
+from vatra.data.tabular.stream import build_stream
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -73,8 +75,6 @@ def build_delta(cfg: DataConfig, ctx: DataContext) -> Datasets:
                 "data.streaming: a remote Delta table (or one with deletion vectors or column mapping) "
                 "is read whole; set data.streaming = false"
             )
-        from vatra.data.stream import build_stream
-
         out = build_stream(cfg, ctx, files, plan)
         rows = None
     else:

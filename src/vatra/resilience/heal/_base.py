@@ -10,7 +10,7 @@ from vatra.registry import POLICIES
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
-    from vatra.engine.signals import Verdict
+    from vatra.monitor.signals import Verdict
 
 
 def build_policy(value: str, cfg: Config, key: str = "heal.policies") -> Policy:

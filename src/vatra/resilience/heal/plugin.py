@@ -12,7 +12,7 @@ from vatra.resilience.heal.cap import ActionCap
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
-    from vatra.engine.signals import Verdict
+    from vatra.monitor.signals import Verdict
 
 
 class Healer(Plugin):

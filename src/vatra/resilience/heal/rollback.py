@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vatra.config import Config
-from vatra.engine.signals import LOSS_STREAMS
+from vatra.monitor.signals import LOSS_STREAMS
 from vatra.resilience.heal._base import Action, Policy
 from vatra.resilience.heal.cap import HealingFailed
 
@@ -19,7 +19,7 @@ LAST_GOOD = "last-good"  # the tag the checkpoint plugin puts on versions saved 
 
 if TYPE_CHECKING:
     from vatra.engine import Checkpointer, Trainer
-    from vatra.engine.signals import Verdict
+    from vatra.monitor.signals import Verdict
 
 
 Pairs = list[tuple[torch.Tensor, torch.Tensor]]

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from vatra.config import Config
-from vatra.engine.signals import RobustZ
+from vatra.monitor.signals import RobustZ
 from vatra.resilience.heal._base import Action, Policy
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ class SkipSpike(Policy):
 
     A skip must be decided on the step itself, before the optimizer step, while the monitor's
     verdict on that step comes at the end of its window. So every rank runs the monitor's gradient
-    stream itself: the same robust z (:class:`~vatra.engine.signals.RobustZ`, ``monitor.ewma_alpha``)
+    stream itself: the same robust z (:class:`~vatra.monitor.signals.RobustZ`, ``monitor.ewma_alpha``)
     fed the same norms in the same order as rank 0's ensemble feeds its ``grad_norm`` stream, which
     gives it the ensemble's state, and "z > threshold" is one comparison of the norm with a limit
     that moves with the baseline. After the monitor's warm-up, as the ensemble's alarms. A limit

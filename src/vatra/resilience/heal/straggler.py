@@ -9,7 +9,7 @@ from vatra.resilience.heal._base import Action, Policy
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
-    from vatra.engine.signals import Verdict
+    from vatra.monitor.signals import Verdict
 
 
 class Straggler(Policy):

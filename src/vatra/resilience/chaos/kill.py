@@ -1,8 +1,4 @@
-"""Fault injection for tests and demos: kill a worker at chosen steps, damage chosen checkpoints or manifests.
-
-Each injected fault is logged in ``events.jsonl`` *before* it happens; that line is also the
-record that it fired, so a resumed run that passes the same step again does not repeat it.
-"""
+"""``chaos.kill_at_steps``: a worker SIGKILLs itself at chosen steps, once per run folder."""
 
 from __future__ import annotations
 
@@ -12,17 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
-from vatra.resilience.recovery import read_events
-from vatra.resilience.store import CheckpointStore, Manifest
+from vatra.resilience.chaos._base import fired_steps
 
 if TYPE_CHECKING:
     from vatra.config import ChaosConfig
     from vatra.engine import Trainer
     from vatra.rundir import RunDir
-
-
-def fired_steps(run_dir: RunDir, kind: str) -> set[int]:
-    return {int(e["step"]) for e in read_events(run_dir) if e.get("event") == kind}
 
 
 class KillInjector(Plugin):
@@ -49,22 +40,3 @@ class KillInjector(Plugin):
         if step in self.pending:
             trainer.log_event("chaos_kill", signal="SIGKILL", pid=os.getpid())
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-def corrupt_version(store: CheckpointStore, manifest: Manifest) -> str:
-    """Flip bytes in the middle of a version's largest object (behind the store's back); returns its name."""
-    name, entry = max(manifest["files"].items(), key=lambda kv: kv[1]["size"])
-    key = store.object_key(entry["sha256"])
-    data = bytearray(store.backend.get(key))
-    mid = len(data) // 2
-    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
-    store.backend.put(key, bytes(data))
-    return str(name)
-
-
-def truncate_manifest(store: CheckpointStore, version: str) -> str:
-    """Cut a version's manifest to half its bytes (a write the disk or a crash cut short); returns its key."""
-    key = f"versions/{version}.json"
-    data = store.backend.get(key)
-    store.backend.put(key, data[: len(data) // 2])
-    return key

@@ -1,9 +1,9 @@
 """What the monitor tells the healing policies: the robust z-score of a stream and the ``Verdict``.
 
-Both plugins use these and neither imports the other (plugins never do): the monitor computes its
-features with :class:`RobustZ` and delivers a :class:`Verdict` in ``trainer.state.extras["monitor"]``;
-the healing policies read that verdict and act on it. The engine is the one package every plugin
-imports, so the message between them lives here, like the ``Checkpointer`` protocol in ``state``.
+The monitor computes its features with :class:`RobustZ` and delivers a :class:`Verdict` in
+``trainer.state.extras["monitor"]``; the healing policies read that verdict and act on it. This module
+is no plugin, so healing imports it without importing the monitor's plugin (plugins never import each
+other's plugin modules). It imports nothing of vatra.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fitted preprocessing of tables, shared by the in-memory table and the Parquet stream.
 
-Given the column :class:`~vatra.data.table.Plan`, a :class:`Fitter` sees the table chunk by chunk
+Given the column :class:`~vatra.data.tabular.plan.Plan`, a :class:`Fitter` sees the table chunk by chunk
 (the whole table, or one Parquet row group at a time) and fits a :class:`Preprocess`:
 standardisation statistics, NaN fill values and vocabularies from training rows only, class names
 from every row. ``Preprocess.encode`` turns a chunk into row arrays column by column, filling and
@@ -9,7 +9,7 @@ scaling each numeric column on its contiguous values (vectorised, no per-row Pyt
 shapes those as ``(inputs, target)``.
 
 The fitted state is saved to ``<run_dir>/data/preprocess.json`` by rank 0 and reused on resume
-(:func:`load_or_fit`); :func:`on_rank0` fits on rank 0 only and broadcasts the result.
+(:func:`load_or_fit`); :func:`~vatra.data._base.on_rank0` fits on rank 0 only and broadcasts the result.
 """
 
 from __future__ import annotations
@@ -18,35 +18,26 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from vatra._extras import require
 from vatra._io import atomic_write
 from vatra.config import DataConfig
-from vatra.data._base import Batch, DataContext
+from vatra.data._base import Batch, DataContext, DatasetSpec, TargetSpec, preprocess_path
+from vatra.data.tabular.files import arrow
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from vatra.data.table import Plan
+    from vatra.data.tabular.plan import Plan
 
-T = TypeVar("T")
 # Named row arrays: a chunk's encoding ("num", "ids", "y/<column>") or batch fields ("x", "ids", "y"...)
 Fields = dict[str, np.ndarray]
 _FORMAT = 1
 _FIT_ROWS = 1 << 15  # rows per block of the float64 moment computation
-
-
-def arrow() -> Any:
-    """The ``pyarrow`` module (the ``tables`` extra), imported on first use."""
-    require("pyarrow", "tables", "data.name = 'table'")
-    import pyarrow as pa
-
-    return pa
 
 
 def _compute() -> Any:
@@ -418,10 +409,6 @@ class Fitter:
 # --- fitted once, shared ------------------------------------------------------------------------
 
 
-def preprocess_path(ctx: DataContext) -> Path | None:
-    return ctx.run_dir / "data" / "preprocess.json" if ctx.run_dir is not None else None
-
-
 def load_or_fit(
     ctx: DataContext, plan: Plan, cfg: DataConfig, fit: Callable[[], Preprocess]
 ) -> tuple[Preprocess, bool]:
@@ -437,24 +424,27 @@ def load_or_fit(
     return pre, False
 
 
-def on_rank0(ctx: DataContext, compute: Callable[[], T]) -> T:
-    """``compute()`` on rank 0, sent to every rank with ``ctx.broadcast``; rank 0's failure is raised
-    on every rank (none is left waiting). A rank whose broadcast returns nothing (one process playing
-    that rank, with no real broadcast) computes for itself."""
-    sent: tuple[str, Any] | None = None
-    failure: BaseException | None = None
-    if ctx.rank == 0:
-        try:
-            sent = ("ok", compute())
-        except Exception as err:
-            failure = err
-            sent = ("error", str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
-    got: Any = ctx.broadcast(sent)
-    if failure is not None:
-        raise failure
-    if got is None:
-        return compute()
-    kind, value = got
-    if kind == "error":
-        raise ConfigError(f"{value} (on rank 0)")
-    return value
+def table_spec(pre: Preprocess) -> DatasetSpec:
+    """The DatasetSpec of a fitted table: output width by task, heads, categories, feature names."""
+    names = tuple(pre.feature_names)
+    categorical = pre.cardinality if pre.encoding == "embedding" else {}
+    heads: dict[str, TargetSpec] = {}
+    if pre.task == "multitask":
+        for t, kind in pre.kinds.items():
+            if kind != "float":
+                heads[t] = TargetSpec(kind, len(pre.classes[t]) if kind == "classification" else 1)  # type: ignore[arg-type]
+        width = 0
+    elif pre.task == "classification":
+        width = len(pre.classes[pre.target[0]])
+    elif pre.task == "ranking":
+        width = 1
+    else:
+        width = len(pre.target)
+    return DatasetSpec(
+        pre.task,  # type: ignore[arg-type]
+        (len(names),),
+        width,
+        heads=heads,
+        categorical=categorical,
+        feature_names=names,
+    )

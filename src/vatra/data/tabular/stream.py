@@ -15,7 +15,7 @@ past its last row group is the start of the next epoch.
 
 Validation rows are ``data.split_column == "val"`` or those whose splitmix64 hash of
 ``(seed, global row index)`` falls below ``data.val_fraction``; the preprocessing is fitted by one
-pass over the training rows on rank 0 (:mod:`vatra.data.preprocess`), broadcast, and saved.
+pass over the training rows on rank 0 (:mod:`vatra.data.tabular.preprocess`), broadcast, and saved.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,18 +34,19 @@ import torch
 from torch.utils.data import get_worker_info
 
 from vatra.config import DataConfig
-from vatra.data._base import DataContext, Datasets, StreamDataset
-from vatra.data.preprocess import (
+from vatra.data._base import DataContext, Datasets, StreamDataset, on_rank0
+from vatra.data.tabular.files import PARQUET, arrow, row_groups
+from vatra.data.tabular.plan import Plan
+from vatra.data.tabular.preprocess import (
     Fields,
     Fitter,
     Preprocess,
-    arrow,
     check_missing,
     load_or_fit,
     missing_error,
-    on_rank0,
+    table_spec,
 )
-from vatra.data.table import PARQUET, Plan, split_values, table_spec
+from vatra.data.tabular.split import SplitRule
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -63,73 +63,9 @@ def _ahead() -> int:
     return max(1, min(4, cores // (2 * info.num_workers)))
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser, elementwise and in place on uint64 (wrapping arithmetic)."""
-    t = np.empty_like(z)
-    with np.errstate(over="ignore"):
-        for shift, mul in ((30, _MIX1), (27, _MIX2)):
-            np.right_shift(z, np.uint64(shift), out=t)
-            z ^= t
-            z *= mul
-        np.right_shift(z, np.uint64(31), out=t)
-        z ^= t
-    return z
-
-
-def hashed_val(seed: int, start: int, n: int, fraction: float) -> np.ndarray:
-    """Whether each global row ``start .. start + n - 1`` is a validation row: the top 53 bits of a
-    splitmix64 hash of (seed, row index), read as a number in [0, 1), fall below ``fraction``."""
-    key = _splitmix64(np.array([seed % 2**64], dtype=np.uint64))
-    z = np.arange(start, start + n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z *= _GOLDEN
-        z += key
-    z = _splitmix64(z)
-    z >>= np.uint64(11)
-    return z < np.uint64(int(fraction * 2**53))
-
-
-@dataclass(frozen=True)
-class SplitRule:
-    """Which rows are validation rows: a split column, or the hashed share ``fraction``."""
-
-    column: str
-    fraction: float
-    seed: int
-
-    def val_rows(self, table: pa.Table | None, start: int, n: int) -> np.ndarray:
-        if self.column:
-            assert table is not None
-            return split_values(table.column(self.column))
-        return hashed_val(self.seed, start, n, self.fraction)
-
-
 def _is_string(t: pa.DataType) -> bool:
     pa = arrow()
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
-
-
-def _layout(files: list[str]) -> np.ndarray:
-    """(G, 4) int64: file index, row group in the file, rows, global index of its first row."""
-    import pyarrow.parquet as pq
-
-    rows = []
-    for i, f in enumerate(files):
-        try:
-            meta = pq.ParquetFile(f).metadata
-        except (OSError, arrow().ArrowInvalid) as err:
-            raise ConfigError(f"data.path: cannot read {f}: {err}") from None
-        rows += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
-    out = np.zeros((len(rows), 4), dtype=np.int64)
-    if rows:
-        out[:, :3] = rows
-        out[:, 3] = np.cumsum(out[:, 2]) - out[:, 2]
-    return out
 
 
 class ParquetStream(StreamDataset):
@@ -477,7 +413,7 @@ def build_stream(cfg: DataConfig, ctx: DataContext, files: list[str], plan: Plan
             f"data.streaming reads Parquet only, and {csv[0]} is CSV; convert it to Parquet "
             "(pyarrow.parquet.write_table(pyarrow.csv.read_csv(path), out, row_group_size=...))"
         )
-    groups = _layout(files)
+    groups = row_groups(files)
     rule = SplitRule(cfg.split_column, cfg.val_fraction, ctx.seed)
 
     def fit_and_count() -> tuple[Preprocess, np.ndarray]:

@@ -1,0 +1,26 @@
+"""``data.name = "table"``: CSV or Parquet files, held in memory (:mod:`.memory`) or, with
+``data.streaming = true``, streamed row group by row group (:mod:`.stream`)."""
+
+from __future__ import annotations
+
+from vatra.config import DataConfig
+from vatra.data._base import DataContext, Datasets
+from vatra.data.tabular.files import read_table, same_columns, table_files
+from vatra.data.tabular.memory import build_rows
+from vatra.data.tabular.plan import make_plan
+from vatra.data.tabular.stream import build_stream
+
+
+def check_table(cfg: DataConfig, ctx: DataContext) -> None:
+    """The config's columns against the files' schema (files found, columns present, numeric or
+    declared categorical), reading no rows: a launcher checks this once before workers start."""
+    make_plan(cfg, ctx, same_columns(table_files(cfg)))
+
+
+def build_table(cfg: DataConfig, ctx: DataContext) -> Datasets:
+    """Train and val datasets of a CSV/Parquet table (streamed from Parquet with ``data.streaming``)."""
+    files = table_files(cfg)
+    plan = make_plan(cfg, ctx, same_columns(files))
+    if cfg.streaming:
+        return build_stream(cfg, ctx, files, plan)
+    return build_rows(read_table(files, plan.needed), plan, cfg, ctx)
