@@ -26,8 +26,9 @@ measures; ``ppo`` takes its proposal from a learned policy (:mod:`vatra.balance.
 With ``balance.adaptive`` the table has a fourth column, each rank's peak memory in the window:
 before the split is decided, the global batch is set from the gradient noise scale and the ranks'
 memory caps (:mod:`vatra.balance.adaptive`) and the current split rescaled to it; the policy then
-divides it as above. An out-of-memory rank (``on_oom``) is capped at half its batch, its share
-goes to the ranks with room (or the global batch shrinks), and the trainer redoes the step.
+divides it as above. The trainer's micro-steps then synchronise the gradients themselves
+(:mod:`vatra.balance.guarded`): an out-of-memory rank (``on_oom``) is capped at half its batch, its
+share goes to the ranks with room (or the global batch shrinks), and the step is redone.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from vatra.balance.adaptive import (
     memory_cap,
     next_global_batch,
 )
+from vatra.balance.guarded import GuardedSteps
 from vatra.balance.split import (
     HISTORY,
     TimeModel,
@@ -189,6 +191,12 @@ class Balancer(Plugin):
     @classmethod
     def wanted(cls, cfg: BalanceConfig) -> bool:
         return cfg.method != "off"
+
+    def micro_steps(self, trainer: Trainer) -> GuardedSteps | None:
+        """adaptive: the trainer's micro-steps sync the gradients here, so an OOM rank redoes the step."""
+        if self.cfg.adaptive and isinstance(trainer.sampler, GlobalBatchSampler):
+            return GuardedSteps(trainer.sampler)
+        return None
 
     def on_fit_start(self, trainer: Trainer) -> None:
         sampler = trainer.sampler
