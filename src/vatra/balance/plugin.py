@@ -20,8 +20,10 @@ W × 3 table: samples, busy seconds, wall seconds per rank), and rank 0's decisi
    the measured step (no flapping on a steady cluster, and no reshuffling of microseconds where the
    step is mostly communication and overhead).
 
-Rank 0 records each decision as a ``balance`` event. ``static`` keeps the configured split and only
-measures; ``ppo`` takes its proposal from a learned policy (:mod:`vatra.balance.ppo`).
+Rank 0 records each decision as a ``balance`` event. The policy is the one ``balance.method`` names
+(:data:`vatra.balance._base.POLICIES`): ``static`` keeps the configured split and only measures,
+``proportional`` is the rule above, ``ppo`` takes its proposal from a learned policy
+(:mod:`vatra.balance.ppo`).
 
 With ``balance.adaptive`` the table has a fourth column, each rank's peak memory in the window:
 before the split is decided, the global batch is set from the gradient noise scale and the ranks'
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vatra.balance._base import BalancePolicy, build_policy
 from vatra.balance.adaptive import (
     NoiseScale,
     PeakMemory,
@@ -48,15 +51,7 @@ from vatra.balance.adaptive import (
     next_global_batch,
 )
 from vatra.balance.guarded import GuardedSteps
-from vatra.balance.split import (
-    HISTORY,
-    TimeModel,
-    change_bounds,
-    equal_time_split,
-    fit_time_model,
-    predicted_step,
-    proportional_split,
-)
+from vatra.balance.split import HISTORY, fit_time_model, proportional_split
 from vatra.config import BalanceConfig
 from vatra.data import GlobalBatchSampler
 from vatra.engine import Plugin
@@ -119,51 +114,6 @@ def compute_balance(rows: list[list[float]]) -> float:
     return sum(busy) / (len(busy) * max(busy)) if max(busy) > 0 else 1.0
 
 
-class BalancePolicy:
-    """The decision rule of ``proportional`` (and ``static``'s bookkeeping), apart from the training
-    loop: fed each window's per-rank measurements, it proposes the next split. Deterministic, so
-    every rank, fed the same table, decides the same."""
-
-    def __init__(self, cfg: BalanceConfig, world_size: int) -> None:
-        self.cfg = cfg
-        self.history: list[deque[tuple[float, float]]] = [deque(maxlen=HISTORY) for _ in range(world_size)]
-        self.models: list[TimeModel] = []
-        self.busy: list[float] = []  # the last window's busy seconds per step, per rank
-        self.caps: list[int] | None = None  # largest batch per rank (memory), when known
-
-    def observe(self, rows: list[list[float]], steps: int, accum: int) -> None:
-        """One window: per rank (samples, busy seconds, wall seconds) over ``steps`` steps."""
-        for r, (samples, busy, _) in enumerate(rows):
-            self.history[r].append((samples / (steps * accum), busy / steps))
-        self.busy = [busy / steps for _, busy, _ in rows]
-        self.models = [fit_time_model([b for b, _ in h], [t for _, t in h]) for h in self.history]
-
-    def decide(self, current: list[int], step_s: float | None = None) -> tuple[list[int], bool, float, float]:
-        """(the next split, whether it changed, predicted busy s of the slowest rank now, and after).
-
-        A new split is taken only when it saves at least ``hysteresis`` of the measured step
-        (``step_s``; default the slowest rank's busy time): where the step is mostly communication
-        and overhead, a split that only reshuffles microseconds of compute is not worth a change.
-        """
-        models = self.models
-        proposed = current if self.cfg.method == "static" else self._propose(current)
-        before, after = predicted_step(models, current), predicted_step(models, proposed)
-        step = max(step_s or 0.0, before)
-        changed = proposed != current and before - after >= self.cfg.hysteresis * step
-        return (proposed if changed else current), changed, before, after
-
-    def _propose(self, current: list[int]) -> list[int]:
-        """The equal-time split, smoothed towards ``current`` and within ``max_change`` of it."""
-        cfg, total = self.cfg, sum(current)
-        caps = self.caps or [total] * len(current)
-        target = equal_time_split(total, self.models, lo=cfg.min_batch, hi=caps)
-        blended = [
-            cfg.smoothing * c + (1.0 - cfg.smoothing) * t for c, t in zip(current, target, strict=True)
-        ]
-        lo, hi = change_bounds(current, caps, cfg.max_change, cfg.min_batch)
-        return proportional_split(total, blended, lo=lo, hi=hi)
-
-
 class Balancer(Plugin):
     """Measures busy time and utilisation per rank; with ``proportional`` resizes the split."""
 
@@ -204,12 +154,7 @@ class Balancer(Plugin):
             return  # the trainer refused what balancing cannot serve; nothing to size here
         self.sampler = sampler
         self.clock = ComputeClock(trainer.trainable)
-        if self.cfg.method == "ppo":
-            from vatra.balance.ppo import LearnedPolicy
-
-            self.policy = LearnedPolicy(self.cfg, len(sampler.sizes))
-        else:
-            self.policy = BalancePolicy(self.cfg, len(sampler.sizes))
+        self.policy = build_policy(self.cfg, len(sampler.sizes))
         world = len(sampler.sizes)
         if self.cfg.adaptive:
             self.memory = PeakMemory(trainer.dist.device)
