@@ -24,7 +24,8 @@ from vatra.comm.hooks import HookState, average_
 from vatra.comm.memory import Memory, NoMemory
 from vatra.comm.plugin import build_hook_state
 from vatra.comm.recipe import resolve_recipe
-from vatra.comm.topology import ByteCounter, build_topology
+from vatra.comm.topology import ByteCounter
+from vatra.comm.topology_factory import build_topology
 from vatra.config import CommConfig, DiLoCoConfig
 from vatra.engine import Plugin
 from vatra.engine.steps import PlainSteps, StepWork
