@@ -55,6 +55,7 @@ from vatra.balance.split import HISTORY, fit_time_model, proportional_split
 from vatra.config import BalanceConfig
 from vatra.data import GlobalBatchSampler
 from vatra.engine import Plugin
+from vatra.engine.batches import balance_sizes
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class Balancer(Plugin):
             self._reset_window()
             self.memory_history = [deque(maxlen=HISTORY) for _ in range(world)]
             self.oom_caps = [sum(sampler.sizes) * 64] * world  # no cap until a rank runs out of memory
-            self.start_batch = sum(self.cfg.sizes(world, trainer.cfg.train.batch_size))
+            self.start_batch = sum(balance_sizes(self.cfg, world, trainer.cfg.train.batch_size))
             trainer.state.rank_states["balance"] = self  # the noise scale and the caps, for exact resume
         if trainer.dist.is_main:
             trainer.log_event(

@@ -9,13 +9,32 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from vatra.config import Config
-from vatra.data import GlobalBatchSampler, ShardSampler, StreamDataset, partition
+from vatra.config import BalanceConfig, Config
+from vatra.data import GlobalBatchSampler, ShardSampler, StreamDataset, even_split, partition
 from vatra.data.loader import Batches, IterBatches, MapBatches, StreamBatches
 from vatra.engine.objective import rank_seed
 from vatra.errors import ConfigError
 
 Sampler = ShardSampler | GlobalBatchSampler
+
+
+def balance_sizes(cfg: BalanceConfig, world_size: int, batch_size: int) -> list[int]:
+    """The starting per-rank batches of ``balance`` for ``world_size`` ranks (``batch_size``:
+    train.batch_size); a ``ValueError`` naming the keys when they do not fit the world."""
+    if cfg.batches:
+        if len(cfg.batches) != world_size:
+            raise ValueError(
+                f"balance.batches lists {len(cfg.batches)} batches but the run has {world_size} "
+                f"ranks; give one per rank, or [] for an even split"
+            )
+        return list(cfg.batches)
+    total = batch_size * world_size if cfg.global_batch == "auto" else cfg.global_batch
+    if total < cfg.min_batch * world_size:
+        raise ValueError(
+            f"balance.global_batch = {total} cannot give each of {world_size} ranks "
+            f"balance.min_batch = {cfg.min_batch} samples; raise it"
+        )
+    return even_split(total, world_size)
 
 
 def train_batches(
@@ -37,7 +56,7 @@ def train_batches(
         )
     if balanced and sampler is None:
         try:
-            sizes = cfg.balance.sizes(world, cfg.train.batch_size)
+            sizes = balance_sizes(cfg.balance, world, cfg.train.batch_size)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         sampler = GlobalBatchSampler(np.arange(len(data)), sizes, rank, seed=cfg.run.seed)
