@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.config import Config
+from vatra.config._parallel import check_world
 from vatra.data import Batch, DataContext, DatasetSpec, GlobalBatchSampler, build_dataset, infer_spec
 from vatra.data.loader import eval_batches
 from vatra.engine._plugin import Plugin, PluginList
@@ -81,8 +82,6 @@ class Trainer:
         # parallel.fsdp/tp: the model is sharded in place over a device mesh, instead of wrapped in DDP
         self.parallel: Parallel | None = None
         if not cfg.parallel.is_default():
-            from vatra.config._parallel import check_world
-
             check_world(cfg.parallel, self.dist.world_size)
             if cfg.parallel.enabled:
                 from vatra.parallel import parallelize  # DTensor's machinery: only when asked for

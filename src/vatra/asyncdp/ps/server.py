@@ -15,6 +15,7 @@ import torch.distributed as dist
 from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, WIRE, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.shard import Reply, ShardServer
 from vatra.config import Config
+from vatra.resilience.faults import fired_steps
 from vatra.rundir import RunDir, append_jsonl
 
 
@@ -57,8 +58,6 @@ class Server:
                 incarnation=self.incarnation,
             )
         if self.kill_at:
-            from vatra.resilience.faults import fired_steps
-
             self.kill_at -= fired_steps(self.run_dir, "chaos_kill")
         publish_incarnation(self.store, f"server{self.index}", self.incarnation)
         # every worker, also one that said goodbye before a restart: it says it again on its new link

@@ -16,6 +16,7 @@ from vatra.asyncdp.diloco import split_fragments
 from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, WIRE, Link, Wire, publish_incarnation
 from vatra.config import Config
 from vatra.engine import Plugin
+from vatra.resilience.snapshot import load_rank_state, rank_state
 from vatra.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -53,8 +54,6 @@ class AsyncWorker(Plugin):
         self.own: Path | None = None
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        from vatra.resilience.snapshot import load_rank_state
-
         self.index = w = trainer.dist.rank
         self.params = [p for p in trainer.trainable.parameters() if p.requires_grad]
         self.shards = split_fragments([p.numel() for p in self.params], self.servers)
@@ -163,8 +162,6 @@ class AsyncWorker(Plugin):
                 self._exchange(s, BYE, trainer)
 
     def _save_own(self, trainer: Trainer) -> None:
-        from vatra.resilience.snapshot import rank_state
-
         assert self.own is not None
         self.own.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.own.with_suffix(f".tmp{os.getpid()}")
