@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from tests.conftest import small_config
 
-from vatra.balance import BalancePolicy, TimeModel, equal_time_split, fit_time_model, proportional_split
+from vatra.balance import ProportionalPolicy, TimeModel, equal_time_split, fit_time_model, proportional_split
 from vatra.config import BalanceConfig, config_from_dict
 from vatra.data import GlobalBatchSampler
 from vatra.engine import DistContext, Trainer
@@ -49,7 +49,7 @@ def simulate(
 ) -> list[list[int]]:
     """A synthetic cluster: rank r's busy time per step is fixed + batch · 1 ms × speeds[r], with
     multiplicative noise; returns the split after each decision."""
-    policy = BalancePolicy(BalanceConfig(method="proportional"), len(speeds))
+    policy = ProportionalPolicy(BalanceConfig(method="proportional"), len(speeds))
     rng = np.random.default_rng(0)
     trail = []
     for _ in range(decisions):

@@ -24,9 +24,11 @@ from vatra.comm.hooks import HookState, average_
 from vatra.comm.memory import Memory, NoMemory
 from vatra.comm.plugin import build_hook_state
 from vatra.comm.recipe import resolve_recipe
-from vatra.comm.topology import ByteCounter, build_topology
+from vatra.comm.topology import ByteCounter
+from vatra.comm.topology_factory import build_topology
 from vatra.config import CommConfig, DiLoCoConfig
 from vatra.engine import Plugin
+from vatra.engine.steps import PlainSteps, StepWork
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,6 +81,21 @@ def _outer_optimizer(cfg: DiLoCoConfig, params: list[torch.Tensor]) -> torch.opt
     return torch.optim.SGD(params, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=nesterov)
 
 
+class SitOutSteps:
+    """``adaptive_steps``' micro-steps: the plain ones at the steps where this rank computes, none
+    (the rank sits the step out: no data read, nothing computed) at the others."""
+
+    def __init__(self, diloco: DiLoCo) -> None:
+        self.diloco = diloco
+        self.plain = PlainSteps()
+
+    def forward_module(self, trainer: Trainer) -> torch.nn.Module:
+        return self.plain.forward_module(trainer)
+
+    def run(self, trainer: Trainer, accum: int) -> StepWork | None:
+        return None if self.diloco.idle else self.plain.run(trainer, accum)
+
+
 class DiLoCo(Plugin):
     """The ranks train apart for ``inner_steps`` steps, then fragment by fragment (``fragments``,
     fragment f at the steps k with ``k % H == round(f·H/F)``, and all of them after the last step)
@@ -88,7 +105,7 @@ class DiLoCo(Plugin):
 
     ``adaptive_steps``: each rank times its steps' compute; at every round's end the ranks exchange
     the times and rank r computes at ``steps_for_speed`` of the next round's H steps, sitting the
-    others out (``state.idle``: no data read, nothing computed), and its pseudo-gradient is weighted
+    others out (:class:`SitOutSteps`: no data read, nothing computed), and its pseudo-gradient is weighted
     by its share of the computed steps.
 
     Metrics: ``comm_bytes`` (what this rank sent this step), ``synced`` (fragments synced after this
@@ -112,6 +129,7 @@ class DiLoCo(Plugin):
         self.done: list[int] = []  # per fragment: steps this rank computed since the fragment's last sync
         self.busy = 0.0  # compute seconds and steps since the last round's end (adaptive_steps)
         self.busy_steps = 0
+        self.idle = False  # adaptive_steps: this rank sits the current step out
         self.t0 = 0.0
         self.sent = self.cross_host = 0
         self.synced = 0
@@ -120,6 +138,9 @@ class DiLoCo(Plugin):
         self.rounds = 0
 
     # ------------------------------------------------------------------ setup
+    def micro_steps(self, trainer: Trainer) -> SitOutSteps | None:
+        return SitOutSteps(self) if self.cfg.adaptive_steps else None
+
     def on_fit_start(self, trainer: Trainer) -> None:
         self.trainer = trainer
         ctx = trainer.dist
@@ -169,10 +190,10 @@ class DiLoCo(Plugin):
         if self.cfg.adaptive_steps:
             position = trainer.state.step % self.cfg.inner_steps
             own = self.counts[trainer.dist.rank]
-            trainer.state.idle = not computes_at(position, own, self.cfg.inner_steps)
+            self.idle = not computes_at(position, own, self.cfg.inner_steps)
 
     def after_update(self, trainer: Trainer) -> None:
-        if not trainer.state.idle:
+        if not self.idle:
             self.busy += time.perf_counter() - self.t0
             self.busy_steps += 1
             self.done = [d + 1 for d in self.done]

@@ -1,7 +1,9 @@
 """Mixed hardware at full use: uneven per-rank batches with exactly weighted gradients, and the
 balancer that sizes them from each rank's measured compute (see docs/balance.md)."""
 
-from vatra.balance.plugin import BalancePolicy, Balancer, ComputeClock
+from vatra.balance._base import POLICIES, BalancePolicy, build_policy
+from vatra.balance.plugin import Balancer, ComputeClock
+from vatra.balance.proportional import ProportionalPolicy
 from vatra.balance.split import (
     TimeModel,
     equal_time_split,
@@ -9,12 +11,17 @@ from vatra.balance.split import (
     predicted_step,
     proportional_split,
 )
+from vatra.balance.static import StaticPolicy
 
 __all__ = [
+    "POLICIES",
     "BalancePolicy",
     "Balancer",
     "ComputeClock",
+    "ProportionalPolicy",
+    "StaticPolicy",
     "TimeModel",
+    "build_policy",
     "equal_time_split",
     "fit_time_model",
     "predicted_step",

@@ -20,14 +20,17 @@ W × 3 table: samples, busy seconds, wall seconds per rank), and rank 0's decisi
    the measured step (no flapping on a steady cluster, and no reshuffling of microseconds where the
    step is mostly communication and overhead).
 
-Rank 0 records each decision as a ``balance`` event. ``static`` keeps the configured split and only
-measures; ``ppo`` takes its proposal from a learned policy (:mod:`vatra.balance.ppo`).
+Rank 0 records each decision as a ``balance`` event. The policy is the one ``balance.method`` names
+(:data:`vatra.balance._base.POLICIES`): ``static`` keeps the configured split and only measures,
+``proportional`` is the rule above, ``ppo`` takes its proposal from a learned policy
+(:mod:`vatra.balance.ppo`).
 
 With ``balance.adaptive`` the table has a fourth column, each rank's peak memory in the window:
 before the split is decided, the global batch is set from the gradient noise scale and the ranks'
 memory caps (:mod:`vatra.balance.adaptive`) and the current split rescaled to it; the policy then
-divides it as above. An out-of-memory rank (``on_oom``) is capped at half its batch, its share
-goes to the ranks with room (or the global batch shrinks), and the trainer redoes the step.
+divides it as above. The trainer's micro-steps then synchronise the gradients themselves
+(:mod:`vatra.balance.guarded`): an out-of-memory rank (``on_oom``) is capped at half its batch, its
+share goes to the ranks with room (or the global batch shrinks), and the step is redone.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vatra.balance._base import BalancePolicy, build_policy
 from vatra.balance.adaptive import (
     NoiseScale,
     PeakMemory,
@@ -46,18 +50,12 @@ from vatra.balance.adaptive import (
     memory_cap,
     next_global_batch,
 )
-from vatra.balance.split import (
-    HISTORY,
-    TimeModel,
-    change_bounds,
-    equal_time_split,
-    fit_time_model,
-    predicted_step,
-    proportional_split,
-)
+from vatra.balance.guarded import GuardedSteps
+from vatra.balance.split import HISTORY, fit_time_model, proportional_split
 from vatra.config import BalanceConfig
 from vatra.data import GlobalBatchSampler
 from vatra.engine import Plugin
+from vatra.engine.batches import balance_sizes
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -117,51 +115,6 @@ def compute_balance(rows: list[list[float]]) -> float:
     return sum(busy) / (len(busy) * max(busy)) if max(busy) > 0 else 1.0
 
 
-class BalancePolicy:
-    """The decision rule of ``proportional`` (and ``static``'s bookkeeping), apart from the training
-    loop: fed each window's per-rank measurements, it proposes the next split. Deterministic, so
-    every rank, fed the same table, decides the same."""
-
-    def __init__(self, cfg: BalanceConfig, world_size: int) -> None:
-        self.cfg = cfg
-        self.history: list[deque[tuple[float, float]]] = [deque(maxlen=HISTORY) for _ in range(world_size)]
-        self.models: list[TimeModel] = []
-        self.busy: list[float] = []  # the last window's busy seconds per step, per rank
-        self.caps: list[int] | None = None  # largest batch per rank (memory), when known
-
-    def observe(self, rows: list[list[float]], steps: int, accum: int) -> None:
-        """One window: per rank (samples, busy seconds, wall seconds) over ``steps`` steps."""
-        for r, (samples, busy, _) in enumerate(rows):
-            self.history[r].append((samples / (steps * accum), busy / steps))
-        self.busy = [busy / steps for _, busy, _ in rows]
-        self.models = [fit_time_model([b for b, _ in h], [t for _, t in h]) for h in self.history]
-
-    def decide(self, current: list[int], step_s: float | None = None) -> tuple[list[int], bool, float, float]:
-        """(the next split, whether it changed, predicted busy s of the slowest rank now, and after).
-
-        A new split is taken only when it saves at least ``hysteresis`` of the measured step
-        (``step_s``; default the slowest rank's busy time): where the step is mostly communication
-        and overhead, a split that only reshuffles microseconds of compute is not worth a change.
-        """
-        models = self.models
-        proposed = current if self.cfg.method == "static" else self._propose(current)
-        before, after = predicted_step(models, current), predicted_step(models, proposed)
-        step = max(step_s or 0.0, before)
-        changed = proposed != current and before - after >= self.cfg.hysteresis * step
-        return (proposed if changed else current), changed, before, after
-
-    def _propose(self, current: list[int]) -> list[int]:
-        """The equal-time split, smoothed towards ``current`` and within ``max_change`` of it."""
-        cfg, total = self.cfg, sum(current)
-        caps = self.caps or [total] * len(current)
-        target = equal_time_split(total, self.models, lo=cfg.min_batch, hi=caps)
-        blended = [
-            cfg.smoothing * c + (1.0 - cfg.smoothing) * t for c, t in zip(current, target, strict=True)
-        ]
-        lo, hi = change_bounds(current, caps, cfg.max_change, cfg.min_batch)
-        return proportional_split(total, blended, lo=lo, hi=hi)
-
-
 class Balancer(Plugin):
     """Measures busy time and utilisation per rank; with ``proportional`` resizes the split."""
 
@@ -190,18 +143,19 @@ class Balancer(Plugin):
     def wanted(cls, cfg: BalanceConfig) -> bool:
         return cfg.method != "off"
 
+    def micro_steps(self, trainer: Trainer) -> GuardedSteps | None:
+        """adaptive: the trainer's micro-steps sync the gradients here, so an OOM rank redoes the step."""
+        if self.cfg.adaptive and isinstance(trainer.sampler, GlobalBatchSampler):
+            return GuardedSteps(trainer.sampler)
+        return None
+
     def on_fit_start(self, trainer: Trainer) -> None:
         sampler = trainer.sampler
         if not isinstance(sampler, GlobalBatchSampler):
             return  # the trainer refused what balancing cannot serve; nothing to size here
         self.sampler = sampler
         self.clock = ComputeClock(trainer.trainable)
-        if self.cfg.method == "ppo":
-            from vatra.balance.ppo import LearnedPolicy
-
-            self.policy = LearnedPolicy(self.cfg, len(sampler.sizes))
-        else:
-            self.policy = BalancePolicy(self.cfg, len(sampler.sizes))
+        self.policy = build_policy(self.cfg, len(sampler.sizes))
         world = len(sampler.sizes)
         if self.cfg.adaptive:
             self.memory = PeakMemory(trainer.dist.device)
@@ -210,7 +164,7 @@ class Balancer(Plugin):
             self._reset_window()
             self.memory_history = [deque(maxlen=HISTORY) for _ in range(world)]
             self.oom_caps = [sum(sampler.sizes) * 64] * world  # no cap until a rank runs out of memory
-            self.start_batch = sum(self.cfg.sizes(world, trainer.cfg.train.batch_size))
+            self.start_batch = sum(balance_sizes(self.cfg, world, trainer.cfg.train.batch_size))
             trainer.state.rank_states["balance"] = self  # the noise scale and the caps, for exact resume
         if trainer.dist.is_main:
             trainer.log_event(

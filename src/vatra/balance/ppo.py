@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from vatra._extras import require
-from vatra.balance.plugin import BalancePolicy
+from vatra.balance._base import BalancePolicy
+from vatra.balance.proportional import ProportionalPolicy
 from vatra.balance.split import predicted_step, proportional_split
 from vatra.config import BalanceConfig
 from vatra.errors import ConfigError
@@ -87,8 +88,8 @@ class LearnedPolicy(BalancePolicy):
         super().__init__(cfg, world_size)
         self.agent = agent if agent is not None else load_agent(cfg.policy, world_size)
 
-    def _propose(self, current: list[int]) -> list[int]:
-        from vatra.balance.sim import apply_action, features
+    def propose(self, current: list[int]) -> list[int]:
+        from vatra.balance.sim import apply_action, features  # gymnasium: an optional dependency
 
         cfg, caps = self.cfg, self.caps or [sum(current)] * len(current)
         obs, target = features(current, self.busy, self.models, caps, cfg.min_batch)
@@ -148,7 +149,7 @@ def policy_decider(make_policy: Callable[[int], BalancePolicy]) -> Callable[[], 
 
 def rule_decider(cfg: BalanceConfig) -> Callable[[], Decide]:
     """``proportional`` in the simulator."""
-    return policy_decider(lambda ranks: BalancePolicy(cfg, ranks))
+    return policy_decider(lambda ranks: ProportionalPolicy(cfg, ranks))
 
 
 def agent_decider(agent: Any, cfg: BalanceConfig) -> Callable[[], Decide]:

@@ -186,7 +186,9 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
         try:  # the workers' own checks, made once here so a mistake is one line before any starts
             cfg.chaos.check_world_size(world)
             if cfg.balance.batches or cfg.balance.method != "off":
-                cfg.balance.sizes(world, cfg.train.batch_size)
+                from vatra.engine.batches import balance_sizes  # torch: only when balancing
+
+                balance_sizes(cfg.balance, world, cfg.train.batch_size)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         if cfg.balance.method == "ppo":

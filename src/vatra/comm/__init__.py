@@ -10,7 +10,8 @@ from vatra.comm.hooks import HookState, compression_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.ring import RingTopology, ring_all_reduce_
-from vatra.comm.topology import ByteCounter, FlatTopology, Topology, build_topology, host_layout_from_env
+from vatra.comm.topology import ByteCounter, FlatTopology, Topology
+from vatra.comm.topology_factory import build_topology, host_layout_from_env
 
 __all__ = [
     "ByteCounter",

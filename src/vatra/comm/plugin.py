@@ -15,7 +15,8 @@ from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook
 from vatra.comm.memory import Memory, MomentumMemory, NoMemory
 from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.recipe import resolve_recipe
-from vatra.comm.topology import ByteCounter, Topology, build_topology
+from vatra.comm.topology import ByteCounter, Topology
+from vatra.comm.topology_factory import build_topology
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError

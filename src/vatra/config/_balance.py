@@ -122,22 +122,3 @@ class BalanceConfig(Section):
     def max_total(self, start: int) -> int:
         """adaptive: the largest global batch for a run that starts at ``start``."""
         return 8 * start if self.max_global_batch == "auto" else max(self.max_global_batch, start)
-
-    def sizes(self, world_size: int, batch_size: int) -> list[int]:
-        """The starting per-rank batches for ``world_size`` ranks (``batch_size``: train.batch_size)."""
-        from vatra.data.sampler import even_split
-
-        if self.batches:
-            if len(self.batches) != world_size:
-                raise ValueError(
-                    f"balance.batches lists {len(self.batches)} batches but the run has {world_size} "
-                    f"ranks; give one per rank, or [] for an even split"
-                )
-            return list(self.batches)
-        total = batch_size * world_size if self.global_batch == "auto" else self.global_batch
-        if total < self.min_batch * world_size:
-            raise ValueError(
-                f"balance.global_batch = {total} cannot give each of {world_size} ranks "
-                f"balance.min_batch = {self.min_batch} samples; raise it"
-            )
-        return even_split(total, world_size)

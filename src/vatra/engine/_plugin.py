@@ -6,24 +6,30 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vatra.engine.steps import MicroSteps
     from vatra.engine.trainer import Trainer
 
 
 class Plugin:
     """Base class of everything that acts during training.
 
-    Call order for one run: ``on_fit_start`` once; per optimizer step ``on_step_start`` →
-    (micro-steps) → ``after_backward`` (gradients are synchronised across ranks; setting
-    ``trainer.state.skip_update`` drops this update) → ``after_update`` (the optimizer has stepped
-    and ``state.step`` counts the step; before any evaluation: where ``dist.mode`` syncs parameters)
-    → ``on_step_end`` (with the step's metrics dict, which a plugin may extend); ``on_eval_end``
-    after each evaluation; ``on_fit_end`` with the summary dict (extendable) on success, or
-    ``on_failure`` with the exception. With ``balance.adaptive``, a step in which some rank ran out
-    of memory calls ``on_oom`` with those ranks on every rank, and is then redone from
-    ``on_step_start`` on. Plugins run in list order on every rank; each checks
-    ``trainer.dist.rank`` itself when only rank 0 should act. Plugins never import each other; they
-    share data through ``trainer.state``.
+    Call order: ``micro_steps`` once, while the trainer is built; then for one run ``on_fit_start``
+    once; per optimizer step ``on_step_start`` → (micro-steps) → ``after_backward`` (gradients are
+    synchronised across ranks; setting ``trainer.state.skip_update`` drops this update) →
+    ``after_update`` (the optimizer has stepped and ``state.step`` counts the step; before any
+    evaluation: where ``dist.mode`` syncs parameters) → ``on_step_end`` (with the step's metrics
+    dict, which a plugin may extend); ``on_eval_end`` after each evaluation; ``on_fit_end`` with the
+    summary dict (extendable) on success, or ``on_failure`` with the exception. Under a micro-steps
+    strategy that redoes a step (``balance.adaptive``'s), a step in which some rank ran out of
+    memory calls ``on_oom`` with those ranks on every rank, and its micro-steps are then redone.
+    Plugins run in list order on every rank; each checks ``trainer.dist.rank`` itself when only rank
+    0 should act. Plugins never import each other; they share data through ``trainer.state``.
     """
+
+    def micro_steps(self, trainer: Trainer) -> MicroSteps | None:
+        """A strategy for the trainer's micro-steps (:mod:`vatra.engine.steps`), offered once while
+        the trainer is built (its data and sampler are set); None (the default): the plain one."""
+        return None
 
     def on_fit_start(self, trainer: Trainer) -> None: ...
 

@@ -14,14 +14,13 @@ import torch
 import torch.distributed as dist
 
 from vatra.config import DistConfig
+from vatra.errors import ConfigError
 
 
 def pick_backend(requested: str) -> str:
     if requested == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     if requested == "nccl" and not torch.cuda.is_available():
-        from vatra.errors import ConfigError
-
         raise ConfigError("dist.backend: 'nccl' needs CUDA and none is present; use 'gloo' or 'auto'")
     return requested
 

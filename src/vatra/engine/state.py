@@ -31,7 +31,6 @@ class TrainState:
     samples_seen: int = 0  # global samples consumed by completed steps
     train_time_s: float = 0.0  # summed step time (excludes evaluation and start-up)
     skip_update: bool = False  # set in after_backward to drop the current update
-    idle: bool = False  # set in on_step_start: this rank skips the step's compute (diloco.adaptive_steps)
     should_stop: bool = False  # set by a plugin to end fit() after the current step
     healthy: bool = True  # False while a detector reports an anomaly: no checkpoint is tagged last-good
     checkpointer: Checkpointer | None = None  # set by the checkpoint plugin, if any

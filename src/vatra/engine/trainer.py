@@ -4,39 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
 import traceback
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import IterableDataset
 
-from vatra.comm.batching import coalesced_
 from vatra.config import Config
-from vatra.data import (
-    Batch,
-    DataContext,
-    DatasetSpec,
-    GlobalBatchSampler,
-    ShardSampler,
-    StreamDataset,
-    build_dataset,
-    infer_spec,
-    partition,
-)
-from vatra.data.loader import Batches, IterBatches, MapBatches, StreamBatches, eval_batches
+from vatra.config._parallel import check_world
+from vatra.data import Batch, DataContext, DatasetSpec, GlobalBatchSampler, build_dataset, infer_spec
+from vatra.data.loader import eval_batches
 from vatra.engine._plugin import Plugin, PluginList
+from vatra.engine.batches import Sampler, train_batches
 from vatra.engine.dist import DistContext
+from vatra.engine.objective import Objective, as_loss_module, call_model, rank_seed, seed_everything
 from vatra.engine.optim import build_optimizer, build_scheduler
 from vatra.engine.state import TrainState
+from vatra.engine.steps import MicroSteps, PlainSteps
 from vatra.errors import ConfigError
-from vatra.losses import FunctionLoss, build_loss, build_metrics, resolve_task
+from vatra.losses import build_loss, build_metrics, resolve_task
 from vatra.models import build_model
 from vatra.rundir import RunDir
 
@@ -45,59 +35,6 @@ if TYPE_CHECKING:
 
 # A skipped update (healing) steps the schedule without optimizer.step(): intended, not a mistake.
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
-
-
-MAX_OOM_REDO = 8  # tries of one step with balance.adaptive before an out-of-memory error stops the run
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """A GPU's out-of-memory error, or the CPU allocator's."""
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
-    )
-
-
-def _sq_norm(tensors: list[torch.Tensor]) -> float:
-    if not tensors:
-        return 0.0
-    return float(torch.stack(torch._foreach_norm(tensors, 2.0)).double().square().sum())
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """Distinct, reproducible per-rank seed (dropout, sampler order)."""
-    return seed * 100_003 + rank
-
-
-def call_model(model: nn.Module, inputs: Any) -> Any:
-    """The batch contract: a dict of inputs is passed as keyword arguments, anything else as one."""
-    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
-
-
-class Objective(nn.Module):
-    """The model and a loss with learned parameters (multitask uncertainty weights) as one module,
-    so DDP averages the loss's gradients too and checkpoints hold both."""
-
-    def __init__(self, model: nn.Module, loss: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.loss = loss
-
-    def forward(self, inputs: Any, target: Any) -> torch.Tensor:
-        return self.loss(call_model(self.model, inputs), target)
-
-
-def _as_loss_module(loss: Any) -> nn.Module:
-    if isinstance(loss, nn.Module):
-        return loss
-    if callable(loss):
-        return FunctionLoss(loss)
-    raise ConfigError(f"loss: expected a function (output, target) -> Tensor or an nn.Module, not {loss!r}")
 
 
 class Trainer:
@@ -117,7 +54,7 @@ class Trainer:
         train: Any,
         val: Any | None,
         spec: DatasetSpec,
-        sampler: ShardSampler | GlobalBatchSampler | None = None,
+        sampler: Sampler | None = None,
         *,
         loss: Any = None,
         dist: DistContext | None = None,
@@ -135,7 +72,7 @@ class Trainer:
         self.state = TrainState()
         device = self.dist.device
         self.model = model.to(device)
-        self.loss = _as_loss_module(build_loss(cfg.train, spec) if loss is None else loss).to(device)
+        self.loss = as_loss_module(build_loss(cfg.train, spec) if loss is None else loss).to(device)
         # What the optimizer trains: the model, or the model and a loss with parameters of its own.
         self.trainable: nn.Module = self.model
         if any(True for _ in self.loss.parameters()):
@@ -145,8 +82,6 @@ class Trainer:
         # parallel.fsdp/tp: the model is sharded in place over a device mesh, instead of wrapped in DDP
         self.parallel: Parallel | None = None
         if not cfg.parallel.is_default():
-            from vatra.config._parallel import check_world
-
             check_world(cfg.parallel, self.dist.world_size)
             if cfg.parallel.enabled:
                 from vatra.parallel import parallelize  # DTensor's machinery: only when asked for
@@ -174,23 +109,34 @@ class Trainer:
             self.module = DDP(
                 self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb, process_group=group
             )
-        self.sampler = sampler
-        self.batches = self._train_batches()
+        self.batches, self.sampler = train_batches(
+            cfg, train, sampler, rank=self.data_rank, world=self.data_world, device=device
+        )
         self._params = list(self.trainable.parameters())
         self.optimizer = build_optimizer(self._params, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         amp = cfg.train.precision
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-        # balance.adaptive: the trainer synchronises the gradients itself (an OOM rank redoes the step)
-        self.guarded = cfg.balance.adaptive and isinstance(self.sampler, GlobalBatchSampler)
+        # how a step's micro-batches run: a plugin's strategy (balance.adaptive syncs the gradients
+        # itself, diloco.adaptive_steps sits steps out), else the plain one
+        self.micro_steps = self._pick_micro_steps()
         # train.compile: forward_backward runs a torch.compile wrapper of what runs forward (lazy: the
         # first step compiles); self.module (DDP comm hooks are registered on it) and self.model
         # (checkpoints name its parameters) stay the modules themselves. parallel layouts refuse it.
         self._compiled: dict[nn.Module, nn.Module] = {}
         if cfg.train.compile:
-            forward = self.trainable if self.guarded else self.module
+            forward = self.micro_steps.forward_module(self)
             self._compiled[forward] = cast(nn.Module, torch.compile(forward))
+
+    def _pick_micro_steps(self) -> MicroSteps:
+        offered = [(type(p).__name__, s) for p in self.plugins if (s := p.micro_steps(self)) is not None]
+        if len(offered) > 1:
+            raise ConfigError(
+                f"plugins {', '.join(name for name, _ in offered)} each change how a step's micro-batches "
+                "run; keep one of them"
+            )
+        return offered[0][1] if offered else PlainSteps()
 
     def _hybrid_group(self) -> torch.distributed.ProcessGroup:
         """``dist.mode = "hybrid"``: this rank's group of ``hybrid.group_size`` contiguous ranks
@@ -216,54 +162,6 @@ class Trainer:
     def data_world(self) -> int:
         """Ranks that read different data: the world size, or ``parallel.dp × parallel.fsdp``."""
         return self.dist.world_size if self.parallel is None else self.parallel.data_world
-
-    def _train_batches(self) -> Batches:
-        """This rank's batches: sampled from its shard (map-style) or read from its share (streams)."""
-        cfg = self.cfg
-        rank, world = self.data_rank, self.data_world
-        opts: dict[str, Any] = {
-            "workers": cfg.data.workers,
-            "prefetch_factor": cfg.data.prefetch_factor,
-            "device": self.dist.device,
-        }
-        data = self.train_data
-        balanced = cfg.balance.method != "off"
-        if balanced and isinstance(data, IterableDataset):
-            raise ConfigError(
-                f"balance.method = {cfg.balance.method!r} splits one global order of a map-style dataset "
-                f"among the ranks, but the training data is a stream ({type(data).__name__}); set "
-                "balance.method = 'off', or give a map-style dataset (__len__ and __getitem__)"
-            )
-        if balanced and self.sampler is None:
-            try:
-                sizes = cfg.balance.sizes(world, cfg.train.batch_size)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
-            self.sampler = GlobalBatchSampler(np.arange(len(data)), sizes, rank, seed=cfg.run.seed)
-        if isinstance(data, StreamDataset):
-            return StreamBatches(
-                data,
-                rank=rank,
-                world_size=world,
-                batch_size=cfg.train.batch_size,
-                seed=cfg.run.seed,
-                **opts,
-            )
-        if isinstance(data, IterableDataset):
-            return IterBatches(data, cfg.train.batch_size, **opts)
-        if self.sampler is None:
-            shards = partition(
-                len(data),
-                getattr(data, "labels", None),
-                world,
-                cfg.data.sharding,
-                seed=cfg.run.seed,
-                alpha=cfg.data.alpha,
-                classes_per_shard=cfg.data.classes_per_shard,
-            )
-            seed = rank_seed(cfg.run.seed, rank)
-            self.sampler = ShardSampler(shards[rank], cfg.train.batch_size, seed=seed)
-        return MapBatches(data, self.sampler, **opts)
 
     @classmethod
     def from_config(
@@ -343,22 +241,17 @@ class Trainer:
         t0 = time.perf_counter()
         state, accum = self.state, self.cfg.train.grad_accum
         state.skip_update = False
-        state.idle = False
         self.plugins.on_step_start(self)
         lr = self.scheduler.get_last_lr()[0]
-        if state.idle:
-            return self._idle_step(t0, float(lr))
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.guarded:
-            loss_sum, data_time, fwd_bwd_time = self._guarded_micro_steps(accum)
-        else:
-            loss_sum, data_time, fwd_bwd_time = self._micro_steps(accum, self.module)
+        work = self.micro_steps.run(self, accum)
+        if work is None:
+            return self._sat_out_step(t0, float(lr))
         if self.parallel is not None:
             self.parallel.after_backward()  # pp: the tied weights' gradients, summed once per step
         to = time.perf_counter()
         grad_norm = self._unscale_and_clip()
         state.extras["grad_norm"] = grad_norm  # pre-clip and identical on every rank: healing decides on it
-        loss = loss_sum.item() / accum  # this rank's mean loss (unweighted)
+        loss = work.loss_sum.item() / accum  # this rank's mean loss (unweighted)
         # fp16's loss scale overflowed: the scaler skips this update and lowers its scale by itself, so
         # healing and the monitor leave the step alone (a non-finite loss is still a fault).
         overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm) and math.isfinite(loss)
@@ -381,8 +274,8 @@ class Trainer:
             "grad_norm": grad_norm,
             "samples_per_s": batch / step_time,
             "step_time_s": step_time,
-            "data_time_s": data_time,
-            "fwd_bwd_time_s": fwd_bwd_time,
+            "data_time_s": work.data_time,
+            "fwd_bwd_time_s": work.fwd_bwd_time,
             "optim_time_s": time.perf_counter() - to,
             "skipped": state.skip_update,
         }
@@ -393,10 +286,11 @@ class Trainer:
             metrics.update(self.parallel.step_metrics())  # pp: the stage's compute and bubble
         return metrics
 
-    def _idle_step(self, t0: float, lr: float) -> dict[str, Any]:
-        """A step this rank sits out (``state.idle``, set by ``diloco.adaptive_steps`` on a slow rank):
-        no data is read and nothing is computed, but the step counts and the LR schedule moves on,
-        so every rank's step counter stays the same. Loss and gradient norm repeat the last step's."""
+    def _sat_out_step(self, t0: float, lr: float) -> dict[str, Any]:
+        """A step this rank sits out (its micro-steps strategy ran nothing: ``diloco.adaptive_steps``
+        on a slow rank): no data is read and nothing is computed, but the step counts and the LR
+        schedule moves on, so every rank's step counter stays the same. Loss and gradient norm repeat
+        the last step's."""
         state = self.state
         self.scheduler.step()
         state.step += 1
@@ -417,100 +311,6 @@ class Trainer:
             "skipped": False,
             "idle": True,
         }
-
-    def _micro_steps(self, accum: int, module: nn.Module) -> tuple[torch.Tensor, float, float]:
-        """Forward and backward of the step's ``accum`` micro-batches through ``module``: the summed
-        loss, and the seconds spent reading data and computing."""
-        loss_sum = torch.zeros((), device=self.dist.device)
-        data_time = fwd_bwd_time = 0.0
-        for micro in range(accum):
-            td = time.perf_counter()
-            inputs, target = self.next_batch()
-            tf = time.perf_counter()
-            data_time += tf - td
-            # DDP all-reduces gradients on the last micro-batch only (no_sync before it).
-            sync: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-            if micro < accum - 1 and isinstance(module, DDP):
-                sync = module.no_sync()
-            with sync:
-                scale = self.loss_weight / accum
-                loss_sum += self.forward_backward(inputs, target, scale=scale, module=module)
-            fwd_bwd_time += time.perf_counter() - tf  # includes DDP's all-reduce, overlapped with backward
-        return loss_sum, data_time, fwd_bwd_time
-
-    def _guarded_micro_steps(self, accum: int) -> tuple[torch.Tensor, float, float]:
-        """``balance.adaptive``: the micro-steps on the plain module, then :meth:`_sync_gradients`.
-
-        A rank that runs out of memory frees what it can and tells the others at the synchronisation
-        (DDP's all-reduce inside backward would leave them waiting for it); every rank then drops
-        the step's gradients, rewinds the data to the step's start, lets the plugins shrink the
-        failing ranks' batches (``on_oom``) and redoes the step.
-        """
-        sampler = self.sampler
-        assert isinstance(sampler, GlobalBatchSampler)
-        for attempt in range(1, MAX_OOM_REDO + 1):
-            start = (sampler.epoch, sampler.position)
-            done: tuple[torch.Tensor, float, float] | None = None
-            try:
-                done = self._micro_steps(accum, self.trainable)
-            except Exception as exc:
-                if not is_out_of_memory(exc):
-                    raise
-                self.optimizer.zero_grad(set_to_none=True)
-                if self.dist.device.type == "cuda":
-                    torch.cuda.empty_cache()
-            ts = time.perf_counter()
-            failed = self._sync_gradients(done is not None, accum)
-            if not failed:
-                assert done is not None
-                loss_sum, data_time, fwd_bwd_time = done
-                return loss_sum, data_time, fwd_bwd_time + time.perf_counter() - ts  # as DDP's all-reduce
-            self.optimizer.zero_grad(set_to_none=True)
-            sampler.seek(*start)
-            if self.dist.is_main:
-                self.log_event("oom", ranks=failed, sizes=list(sampler.sizes), attempt=attempt)
-            self.plugins.on_oom(self, failed)
-        raise RuntimeError(
-            f"step {self.state.step + 1} ran out of memory {MAX_OOM_REDO} times in a row; lower "
-            "train.batch_size (or balance.global_batch), or balance.memory_budget_gb"
-        )
-
-    def _sync_gradients(self, ok: bool, accum: int) -> list[int]:
-        """``balance.adaptive``'s gradient synchronisation: the ranks that could not finish their
-        micro-steps (out of memory), or none, in which case the gradients are averaged (one header
-        all-reduce, then buckets of ``dist.bucket_cap_mb``: the sum DDP's would give, after
-        backward instead of overlapped with it).
-
-        The header also carries each rank's squared gradient norm of its own mean loss, from which
-        with the averaged gradient's (the step's ``grad_norm``) the gradient noise scale is estimated:
-        ``state.extras["grad_sq"]`` = {ranks: [|g_r|²], sizes: [b_r], accum}.
-        """
-        ctx, params = self.dist, [p for p in self._params if p.requires_grad]
-        w = ctx.world_size
-        header = torch.zeros(2 * w, dtype=torch.float64)
-        unscale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        grads: list[torch.Tensor] = []
-        if ok:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-            header[ctx.rank] = 1.0
-            header[w + ctx.rank] = _sq_norm(grads) / (unscale * self.loss_weight) ** 2
-        ctx.all_reduce_sum(header)
-        failed = [r for r in range(w) if header[r] < 0.5]
-        if failed:
-            return failed
-        if ctx.distributed:
-            coalesced_(grads, ctx.all_reduce_sum, int(self.cfg.dist.bucket_cap_mb * 2**20))
-            torch._foreach_div_(grads, w)
-        assert isinstance(self.sampler, GlobalBatchSampler)
-        self.state.extras["grad_sq"] = {
-            "ranks": header[w:].tolist(),
-            "sizes": list(self.sampler.sizes),
-            "accum": accum,
-        }
-        return []
 
     def forward_backward(
         self, inputs: Any, target: Any, *, scale: float = 1.0, module: nn.Module | None = None

@@ -17,6 +17,7 @@ Each rank writes and uploads its own files; on resume each reads only what its l
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import random
 import warnings
@@ -266,23 +267,48 @@ def model_optim_state(trainer: Trainer) -> StateDict:
     return {"model": msd, "optim": osd}
 
 
-def host_copy(obj: Any, into: Any = None) -> Any:
-    """A copy in host memory that later training steps cannot change (the async save's only blocking work).
+@torch.no_grad()
+def copy_state(obj: Any, into: Any = None, *, device: torch.device | str | None = None) -> Any:
+    """A copy of a nested state (dicts, lists and tuples of tensors and plain values) that later
+    training steps cannot change: the async checkpoint save's host copy (``device="cpu"``; the only
+    part of that save the loop waits for), and healing's in-memory snapshots (each tensor's own device).
 
-    ``into``: the previous copy of the same structure, whose buffers are reused (no allocation,
-    no page faults) — only safe once the save that used it has finished.
+    ``into``: an earlier copy of the same structure, whose tensors of the same shape and dtype are
+    reused (no allocation, no page faults; only safe once nothing reads that copy any more), all
+    copied into in one ``torch._foreach_copy_``: separate ``copy_`` calls cost more than the copying
+    itself on a small model. Immutable values are shared, other objects deep-copied.
     """
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    out = _copy(obj, into, device, pairs)
+    if pairs:
+        dst, src = zip(*pairs, strict=True)
+        torch._foreach_copy_(list(dst), list(src))
+    return out
+
+
+_PLAIN = (int, float, str, bytes, type(None), torch.dtype, torch.device)  # immutable: shared (bool is an int)
+
+
+def _copy(obj: Any, into: Any, device: torch.device | str | None, pairs: list[Any]) -> Any:
+    # runs under no_grad: a tensor copied into a reused buffer needs no detach
     if isinstance(obj, torch.Tensor):
         if isinstance(into, torch.Tensor) and into.shape == obj.shape and into.dtype == obj.dtype:
-            return into.copy_(obj.detach())
-        return obj.detach().to("cpu", copy=True)
+            pairs.append((into, obj))
+            return into
+        return obj.detach().to(obj.device if device is None else device, copy=True)
     if isinstance(obj, dict):
         old = into if isinstance(into, dict) else {}
-        return {k: host_copy(v, old.get(k)) for k, v in obj.items()}
+        return {
+            k: v if isinstance(v, _PLAIN) else _copy(v, old.get(k), device, pairs) for k, v in obj.items()
+        }
     if isinstance(obj, list | tuple):
         old_seq = into if isinstance(into, list | tuple) and len(into) == len(obj) else [None] * len(obj)
-        return type(obj)(host_copy(v, o) for v, o in zip(obj, old_seq, strict=True))
-    return obj
+        items = [
+            v if isinstance(v, _PLAIN) else _copy(v, o, device, pairs)
+            for v, o in zip(obj, old_seq, strict=True)
+        ]
+        return items if type(obj) is list else type(obj)(items)
+    return obj if isinstance(obj, _PLAIN) else copy.deepcopy(obj)
 
 
 @contextlib.contextmanager

@@ -180,7 +180,7 @@ class CheckpointPlugin(Plugin):
         state = snapshot.model_optim_state(trainer)
         if self.cfg.async_:
             # NOTE: the only part of an async save the loop waits for; buffers reused from the last one
-            state = self.host_buffers = snapshot.host_copy(state, self.host_buffers)
+            state = self.host_buffers = snapshot.copy_state(state, self.host_buffers, device="cpu")
         tags = (*tags, LAST_GOOD) if st.healthy else tags
         record = {
             k: v for k, v in (metrics or {}).items() if isinstance(v, int | float) and not isinstance(v, bool)

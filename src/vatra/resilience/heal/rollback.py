@@ -8,57 +8,16 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from vatra.config import Config
 from vatra.monitor.signals import LOSS_STREAMS
 from vatra.resilience.heal._base import Action, Policy
 from vatra.resilience.heal.cap import HealingFailed
-
-LAST_GOOD = "last-good"  # the tag the checkpoint plugin puts on versions saved while healthy
+from vatra.resilience.snapshot import copy_state
+from vatra.resilience.store import LAST_GOOD
 
 if TYPE_CHECKING:
     from vatra.engine import Checkpointer, Trainer
     from vatra.monitor.signals import Verdict
-
-
-Pairs = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def _copy_value(v: Any) -> Any:
-    """A copy of a non-tensor state value: immutable scalars are shared, lists of them copied flat."""
-    if v is None or isinstance(v, int | float | str):  # bool is an int
-        return v
-    if isinstance(v, list | tuple) and all(x is None or isinstance(x, int | float | str) for x in v):
-        return type(v)(v)
-    return copy.deepcopy(v)
-
-
-def _copy_flat(src: dict[Any, Any], into: dict[Any, Any] | None, pairs: Pairs) -> dict[Any, Any]:
-    """A copy of a flat ``{key: tensor or value}`` dict (a model's state, one parameter's optimizer
-    state). A tensor whose counterpart in ``into`` has its shape and dtype is queued in ``pairs`` to
-    be copied into that buffer (:func:`_flush`); one without is cloned."""
-    old = into or {}
-    out: dict[Any, Any] = {}
-    for k, v in src.items():
-        if isinstance(v, torch.Tensor):
-            buf = old.get(k)
-            if isinstance(buf, torch.Tensor) and buf.shape == v.shape and buf.dtype is v.dtype:
-                pairs.append((buf, v))  # take() runs under no_grad: no detach needed
-                out[k] = buf
-            else:
-                out[k] = v.detach().clone()
-        else:
-            out[k] = _copy_value(v)
-    return out
-
-
-def _flush(pairs: Pairs) -> None:
-    """Every queued buffer copy in one ``torch._foreach_copy_`` (separate ``copy_`` calls cost more
-    than the copying itself on a small model)."""
-    if pairs:
-        dst, src = zip(*pairs, strict=True)
-        torch._foreach_copy_(list(dst), list(src))
 
 
 @dataclass
@@ -73,44 +32,23 @@ class Snapshot:
     plugins: dict[str, dict[str, Any]]  # trainer.state.rank_states: error-feedback residuals
 
     @classmethod
-    @torch.no_grad()
     def take(cls, trainer: Trainer, reuse: Snapshot | None = None) -> Snapshot:
         """Copy the trainer's state; with ``reuse``, into that older snapshot's tensors (one batched
-        copy instead of an allocation and a deepcopy per tensor: ~20× cheaper on a small model).
-
-        The state dicts are copied by their known shape (a flat model state; optimizer state per
-        parameter; param groups of plain values; a plugin's state in flat parts) rather than walked
-        generically.
+        copy instead of an allocation and a deepcopy per tensor: ~20× cheaper on a small model), by
+        :func:`~vatra.resilience.snapshot.copy_state`, as the async checkpoint save copies.
 
         Plugins' per-rank state (``trainer.state.rank_states``, what checkpoints keep besides the
         model) is copied too: the comm plugin's error-feedback residuals are updated in backward,
         before any policy can skip the step, so a NaN gradient leaves NaN in them and, without
         them restored, the first step after a rollback is NaN again."""
-        pairs: Pairs = []
-        model = _copy_flat(trainer.trainable.state_dict(), reuse.model if reuse else None, pairs)
-        opt = trainer.optimizer.state_dict()
-        old_state = reuse.optimizer["state"] if reuse else {}
-        optimizer = {
-            "state": {i: _copy_flat(st, old_state.get(i), pairs) for i, st in opt["state"].items()},
-            "param_groups": [{k: _copy_value(v) for k, v in g.items()} for g in opt["param_groups"]],
+        state = {
+            "model": trainer.trainable.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "plugins": {name: obj.state_dict() for name, obj in trainer.state.rank_states.items()},
+            "scheduler": trainer.scheduler.state_dict(),
+            "scaler": trainer.scaler.state_dict(),
         }
-        old_plugins = reuse.plugins if reuse else {}
-        plugins = {
-            name: {
-                part: _copy_flat(flat, old_plugins.get(name, {}).get(part), pairs)
-                for part, flat in obj.state_dict().items()
-            }
-            for name, obj in trainer.state.rank_states.items()
-        }
-        _flush(pairs)
-        return cls(
-            step=trainer.state.step,
-            model=model,
-            optimizer=optimizer,
-            scheduler={k: _copy_value(v) for k, v in trainer.scheduler.state_dict().items()},
-            scaler={k: _copy_value(v) for k, v in trainer.scaler.state_dict().items()},
-            plugins=plugins,
-        )
+        return cls(step=trainer.state.step, **copy_state(state, vars(reuse) if reuse else None))
 
     def restore(self, trainer: Trainer) -> None:
         trainer.trainable.load_state_dict(self.model)
