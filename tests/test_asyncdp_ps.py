@@ -19,7 +19,7 @@ from tests.conftest import ROOT, small_config
 from tests.test_resilience_recovery import _events
 
 from vatra.asyncdp.ps import Server, ShardServer, staleness_scale
-from vatra.asyncdp.run import FINAL, run_worker
+from vatra.asyncrun import FINAL, run_worker
 from vatra.config import AsyncConfig, Config, OptimConfig
 from vatra.engine import Trainer
 from vatra.launch import free_port

@@ -268,14 +268,14 @@ def test_drift_check_refuses_a_unit_change_and_allow_drift_trains_with_the_alarm
 def _async_job(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Rank 0 of a two-process ``dist.mode = "async"`` job, in this process: the roles it would
     supervise are recorded (with the config they get) instead of started."""
-    import vatra.asyncdp.run
+    import vatra.asyncrun
     from vatra.launch import free_port
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("WORLD_SIZE", "2")
     started: list[Any] = []
-    monkeypatch.setattr(vatra.asyncdp.run, "supervise", lambda cfg, *rest: started.append(cfg))
+    monkeypatch.setattr(vatra.asyncrun, "supervise", lambda cfg, *rest: started.append(cfg))
     return started
 
 

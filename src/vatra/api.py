@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vatra.assembly import build_plugins, prepare_run
-from vatra.asyncdp.run import fit_async
+from vatra.asyncrun import fit_async
 from vatra.config import Config, config_from_dict, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError

@@ -1,7 +1,7 @@
 """A run's assembly: the ordered plugin table and :func:`prepare_run`, which every entry point calls.
 
 ``vatra.fit`` (and through it ``vatra train``'s worker and a distributed trial's ranks), the
-asynchronous roles (:mod:`vatra.asyncdp.run`) and an in-process tune trial build their plugins here
+asynchronous roles (:mod:`vatra.asyncrun`) and an in-process tune trial build their plugins here
 and pin the run here, so a promise made about a run (the Delta version it reads, the parallel layout
 it trains on, the drift check before it) holds for every one of them. This module sits above the
 engine and the feature packages and below the entry points: it imports them, they import it.

@@ -28,4 +28,4 @@ def mode_plugin(cfg: Config) -> Plugin:
         return DiLoCo(cfg.diloco, cfg.comm)
     if cfg.dist.mode == "hybrid":  # DDP inside each group (the trainer's), DiLoCo across the groups
         return DiLoCo(cfg.diloco, cfg.comm, group_size=cfg.hybrid.group_size)
-    raise ValueError(f"dist.mode = {cfg.dist.mode!r} has no mode plugin (async: vatra.asyncdp.run)")
+    raise ValueError(f"dist.mode = {cfg.dist.mode!r} has no mode plugin (async: vatra.asyncrun)")
