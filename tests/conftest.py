@@ -1,4 +1,4 @@
-"""Shared test helpers: small configs and a multi-process runner on gloo with a file rendezvous."""
+"""Shared test fixtures: small configs, the command line in process, a small disk, an S3 server."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from tests._dist import ROOT
 
 from vatra.config import Config, config_from_dict
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_config(**sections: dict) -> Config:
@@ -31,19 +30,6 @@ def small_config(**sections: dict) -> Config:
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     return config_from_dict(raw)
-
-
-def run_vatra(*args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """Run the ``vatra`` command in a subprocess, capturing output."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "vatra", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import ROOT, run_vatra
+from tests._dist import ROOT, run_vatra
 from torch import Tensor, nn
 from torch.utils.data import Dataset, IterableDataset
 

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
-from tests.conftest import ROOT, run_vatra, small_config
-from tests.test_resilience_recovery import _final_weights, _start
+from tests._dist import ROOT, final_weights, run_vatra, spawn, start_training
+from tests.conftest import small_config
 
 from vatra.asyncdp import computes_at, mode_plugin, split_fragments, steps_for_speed
 from vatra.config import load_config
@@ -89,9 +88,7 @@ def _worker(rank: int, init_file: str, out_dir: str, world: int, runs: dict[str,
 def test_h1_equals_single_process_and_streaming_ends_in_step(tmp_path: Path) -> None:
     # Execute: every mode on 2 ranks (one launch), and the single-process reference
     runs = {**MODES, "streaming": STREAMING}
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path), WORLD, runs), nprocs=WORLD, start_method="spawn"
-    )
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(tmp_path), WORLD, runs))
     ref = _trainer({}, np.arange(STEPS * WORLD * LOCAL_BATCH), WORLD * LOCAL_BATCH, None)
     ref.fit()
     want = [p.detach() for p in ref.model.parameters()]
@@ -117,7 +114,7 @@ def test_hybrid_h1_equals_single_process(tmp_path: Path) -> None:
     # 4 ranks in 2 groups of 2: DDP inside each group, DiLoCo (outer SGD at lr 1, H = 1) across
     hybrid = {**MODES["diloco"], "dist": {"mode": "hybrid"}, "hybrid": {"group_size": 2}}
     args = (str(tmp_path / "rdzv"), str(tmp_path), 4, {"hybrid": hybrid})
-    mp.start_processes(_worker, args=args, nprocs=4, start_method="spawn")
+    spawn(_worker, 4, args)
     ref = _trainer({}, np.arange(STEPS * 4 * LOCAL_BATCH), 4 * LOCAL_BATCH, None)
     ref.fit()
     for r in range(4):
@@ -176,9 +173,9 @@ def test_diloco_and_local_sgd_resume_repeats_losses_and_weights(tmp_path: Path) 
     procs = {}
     for mode, sets in RESUMED.items():
         args = [a for s in (*common, *sets) for a in ("--set", s)]
-        procs[mode, "ref"] = _start(tmp_path / f"{mode}-ref", *args)
+        procs[mode, "ref"] = start_training(tmp_path / f"{mode}-ref", *args)
         kill = ["--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2"]
-        procs[mode, "hit"] = _start(tmp_path / f"{mode}-hit", *args, *kill)
+        procs[mode, "hit"] = start_training(tmp_path / f"{mode}-hit", *args, *kill)
     for key, proc in procs.items():
         _, err = proc.communicate(timeout=280)
         assert proc.returncode == 0, (key, err[-2000:])
@@ -189,7 +186,7 @@ def test_diloco_and_local_sgd_resume_repeats_losses_and_weights(tmp_path: Path) 
         got = [m for m in read_jsonl(hit / "metrics.jsonl") if m["attempt"] == 1]
         assert [m["step"] for m in got] == list(range(11, 31)), mode
         assert all(m["loss"] == want[m["step"]] for m in got), mode
-        a, b = _final_weights(ref, tmp_path), _final_weights(hit, tmp_path)
+        a, b = final_weights(ref, tmp_path, 30), final_weights(hit, tmp_path, 30)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), mode
         summary = json.loads((hit / "summary.json").read_text())
         assert summary["dist_mode"] == mode and summary["restarts"] == 1

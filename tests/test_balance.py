@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from tests._dist import final_weights, run_vatra, spawn, start_training
 from tests.conftest import small_config
 
 from vatra.balance import BalancePolicy, TimeModel, equal_time_split, fit_time_model, proportional_split
@@ -128,12 +128,7 @@ def _worker(rank: int, world: int, batches: list[int], init_file: str, out_dir: 
 @pytest.mark.parametrize("batches", [[5, 11], [3, 7, 6]])
 def test_uneven_batches_equal_one_process_on_the_union_batch(tmp_path: Path, batches: list[int]) -> None:
     world = len(batches)
-    mp.start_processes(
-        _worker,
-        args=(world, batches, str(tmp_path / "rdzv"), str(tmp_path)),
-        nprocs=world,
-        start_method="spawn",
-    )
+    spawn(_worker, world, (world, batches, str(tmp_path / "rdzv"), str(tmp_path)))
     reference = balanced_trainer([sum(batches)], None)
     reference.fit()
     for r in range(world):
@@ -168,7 +163,6 @@ def test_a_plain_mean_of_uneven_batches_would_differ() -> None:
 def test_proportional_moves_samples_to_the_fast_rank(tmp_path: Path) -> None:
     """Three real processes, rank 2 computing 4× slower: the balancer gives it the smallest batch,
     every decision is recorded, and the losses stay finite."""
-    from tests.conftest import run_vatra
 
     result = run_vatra(
         "train",
@@ -252,7 +246,6 @@ def test_ppo_trained_in_the_simulator_matches_proportional_there(tmp_path: Path)
 
 def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> None:
     pytest.importorskip("stable_baselines3")
-    from tests.conftest import run_vatra
 
     out = tmp_path / "agent.zip"
     args = [
@@ -281,19 +274,17 @@ def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> Non
 def test_a_killed_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     """Uneven static split on 2 ranks, rank 1 SIGKILLed after step 15: the elastic restart resumes the
     global data position and split from the step-10 checkpoint and ends bit-equal to a clean run."""
-    from tests.test_resilience_recovery import _final_weights, _start
-
     sets = ["--set", "train.steps=30", "--set", "checkpoint.every_steps=10"]
     sets += ["--set", "balance.method=static", "--set", "balance.batches=[5, 27]"]
-    ref = _start(tmp_path / "ref", *sets)
-    hit = _start(tmp_path / "hit", *sets, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
+    ref = start_training(tmp_path / "ref", *sets)
+    hit = start_training(tmp_path / "hit", *sets, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
     _, ref_err = ref.communicate(timeout=240)
     _, hit_err = hit.communicate(timeout=240)
     assert ref.returncode == 0, ref_err[-2000:]
     assert hit.returncode == 0, hit_err[-2000:]
     events = [json.loads(line) for line in (tmp_path / "hit" / "events.jsonl").read_text().splitlines()]
     assert [e["resumed_step"] for e in events if e["event"] == "recovered"] == [10]
-    a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(tmp_path / "hit", tmp_path)
+    a, b = final_weights(tmp_path / "ref", tmp_path, 30), final_weights(tmp_path / "hit", tmp_path, 30)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

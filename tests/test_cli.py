@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT, run_vatra
+from tests._dist import ROOT, run_vatra
 
 from vatra.cli import main
 from vatra.launch import free_port

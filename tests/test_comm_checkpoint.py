@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import run_vatra
+from tests._dist import run_vatra
 
 from vatra.config import load_config
 from vatra.resilience import LATEST, open_store

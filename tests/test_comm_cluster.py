@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_vatra
+from tests._dist import needs_netns, run_vatra
 
 from vatra.launch.cluster import Cluster, parse_bandwidth
 from vatra.rundir import read_jsonl
 
 # The cluster tests share network-namespace names and the switch address: one xdist worker runs them all.
 pytestmark = pytest.mark.xdist_group("netns")
-
-
-def _netns_usable() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        return False
-    probe = f"vprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
-    if made:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return made
-
-
-needs_netns = pytest.mark.skipif(not _netns_usable(), reason="needs root and network namespaces")
 
 
 def _namespaces() -> list[str]:

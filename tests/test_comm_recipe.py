@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests._dist import spawn
 
 from vatra.comm import build_compressor
 from vatra.comm.hooks import HookState
@@ -133,13 +134,9 @@ def test_methods_with_only_the_method_set_end_within_a_point_on_digits(tmp_path:
     (docs/communication.md's table has every method on every shipped example)."""
     import json
 
-    import torch.multiprocessing as mp
-
     out = tmp_path / "acc.json"
     methods = ["none", "fp16", "bf16", "topk", "randomk", "onebit", "qsgd", "powersgd"]
-    mp.start_processes(
-        _example_worker, args=(str(tmp_path / "rdzv"), str(out), methods), nprocs=2, start_method="spawn"
-    )
+    spawn(_example_worker, 2, (str(tmp_path / "rdzv"), str(out), methods))
     acc = json.loads(out.read_text())
     print(acc)
     for method in methods[1:]:

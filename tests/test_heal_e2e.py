@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests._dist import start_vatra
 
 from vatra.rundir import read_jsonl
 
@@ -23,15 +21,7 @@ SPIKE = ["--set", "chaos.lr_spike_at=[60,150]"]  # the flagship's 300 steps, LR 
 
 def _start(run_dir: Path, *sets: str) -> subprocess.Popen[str]:
     args = ["train", "examples/digits.toml", "--run-dir", str(run_dir), *COMMON, *sets]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "vatra", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_vatra(*args, stdout=subprocess.DEVNULL)
 
 
 def _summary(proc: subprocess.Popen[str], run_dir: Path) -> dict:

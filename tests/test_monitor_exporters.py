@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tests.conftest import run_vatra, small_config
+from tests._dist import run_vatra
+from tests.conftest import small_config
 
 from vatra.engine import Plugin, Trainer
 from vatra.launch import free_port

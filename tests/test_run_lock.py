@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT
+from tests._dist import start_vatra
 
 from vatra import rundir
 from vatra.cli import main
@@ -30,26 +29,8 @@ QUIET = [
 
 
 def _train(run: Path, *args: str, new_session: bool = False) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "vatra",
-        "train",
-        "examples/digits.toml",
-        *QUIET,
-        "--run-dir",
-        str(run),
-        *args,
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=new_session,
+    return start_vatra(
+        "train", "examples/digits.toml", *QUIET, "--run-dir", str(run), *args, new_session=new_session
     )
 
 
@@ -118,19 +99,7 @@ def _run(tmp_path: Path, run: Path, sleep_s: float, *args: str) -> subprocess.Po
     workers: the launcher and the lock are what these tests are about)."""
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    cmd = [
-        sys.executable,
-        "-m",
-        "vatra",
-        "run",
-        str(script),
-        "--run-dir",
-        str(run),
-        *args,
-        "--",
-        str(sleep_s),
-    ]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_vatra("run", str(script), "--run-dir", str(run), *args, "--", str(sleep_s))
 
 
 def test_a_killed_launcher_leaves_no_lock_even_while_its_worker_lives(tmp_path: Path) -> None:

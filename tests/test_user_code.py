@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.conftest import ROOT, run_vatra
+from tests._dist import run_vatra, start_vatra
 
 from vatra.cli import main
 from vatra.rundir import read_jsonl
@@ -104,9 +102,7 @@ def _project(folder: Path) -> Path:
 
 
 def _train(config: Path, run: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "vatra", "train", str(config), "--nproc", "2", "--run-dir", str(run), *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_vatra("train", str(config), "--nproc", "2", "--run-dir", str(run), *args)
 
 
 def test_user_model_and_parquet_table_on_two_ranks_resume_exactly_after_a_kill(tmp_path: Path) -> None:
