@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests._dist import ROOT, final_weights, run_vatra, spawn, start_training
-from tests.conftest import small_config
+from tests._dist import ROOT, final_weights, spawn, start_training
+from tests.conftest import small_config, vatra_in_process
 
 from vatra.asyncdp import computes_at, mode_plugin, split_fragments, steps_for_speed
 from vatra.config import load_config
@@ -149,12 +149,13 @@ def test_config_errors(sets: list[str], says: str) -> None:
         load_config(ROOT / "examples" / "digits.toml", sets)
 
 
-def test_cli_refuses_a_mode_without_traceback() -> None:
-    proc = run_vatra(
-        "train", "examples/digits.toml", "--set", "dist.mode=local_sgd", "--set", "comm.method=topk"
+def test_cli_refuses_a_mode_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sets = ["dist.mode=local_sgd", "comm.method=topk", f"run.out_dir={tmp_path}"]
+    code, _, err = vatra_in_process(
+        capsys, "train", "examples/digits.toml", *[a for s in sets for a in ("--set", s)]
     )
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    assert code == 2, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "local_sgd" in lines[0]
 
 

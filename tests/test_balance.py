@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from tests._dist import final_weights, run_vatra, spawn, start_training
-from tests.conftest import small_config
+from tests.conftest import small_config, vatra_in_process
 
 from vatra.balance import BalancePolicy, TimeModel, equal_time_split, fit_time_model, proportional_split
 from vatra.config import BalanceConfig, config_from_dict
@@ -244,7 +244,9 @@ def test_ppo_trained_in_the_simulator_matches_proportional_there(tmp_path: Path)
     assert scores["ppo"] >= scores["proportional"] > scores["static"], scores
 
 
-def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> None:
+def test_train_agent_command_saves_a_policy_and_scores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("stable_baselines3")
 
     out = tmp_path / "agent.zip"
@@ -260,15 +262,17 @@ def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> Non
         "--out",
         str(out),
     ]
-    result = run_vatra("balance", "train-agent", *args, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    code, stdout, err = vatra_in_process(capsys, "balance", "train-agent", *args)
+    assert code == 0, err[-2000:]
     assert out.is_file()
-    assert "proportional: compute balance" in result.stdout and "ppo: compute balance" in result.stdout
-    wrong = run_vatra("train", "examples/digits.toml", "--nproc", "3", "--set", "balance.method=ppo", "--set",
-                      f"balance.policy={out}", "--set", "train.steps=2", timeout=300)  # fmt: skip
-    assert wrong.returncode == 2 and "trained for 2 ranks but the run has 3" in wrong.stderr
-    missing = run_vatra("train", "examples/digits.toml", "--set", "balance.method=ppo")
-    assert missing.returncode == 2 and "needs balance.policy" in missing.stderr.strip().splitlines()[-1]
+    assert "proportional: compute balance" in stdout and "ppo: compute balance" in stdout
+    code, _, err = vatra_in_process(capsys, "train", "examples/digits.toml", "--nproc", "3", "--set",
+                                    "balance.method=ppo", "--set", f"balance.policy={out}", "--set",
+                                    "train.steps=2", "--set", f"run.out_dir={tmp_path}")  # fmt: skip
+    assert code == 2 and "trained for 2 ranks but the run has 3" in err
+    code, _, err = vatra_in_process(capsys, "train", "examples/digits.toml", "--set", "balance.method=ppo",
+                                    "--set", f"run.out_dir={tmp_path}")  # fmt: skip
+    assert code == 2 and "needs balance.policy" in err.strip().splitlines()[-1]
 
 
 def test_a_killed_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from tests._dist import run_vatra, start_vatra
 from tests._tune_helpers import SPACE, study_of, write_config
+from tests.conftest import vatra_in_process
 
 from vatra.cli import main
 from vatra.config import ModelConfig, config_from_dict, load_config
@@ -234,19 +235,21 @@ def test_a_failing_trial_is_recorded_and_the_study_goes_on(tmp_path: Path) -> No
     assert study.trials[1].user_attrs["error"] == "ValueError: width 1000 is too wide for this test"
 
 
-def test_epochs_size_each_trial_by_its_batch_size_and_best_keeps_them(tmp_path: Path) -> None:
+def test_epochs_size_each_trial_by_its_batch_size_and_best_keeps_them(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     # Prepare: 2 epochs per trial over two batch sizes (digits: 1437 training rows)
     space = {"train.batch_size": {"type": "categorical", "choices": [256, 512]}}
     path = write_config(
         tmp_path, {"trials": 2, "epochs": 2, "pruner": "median", "space": space}, monitor={"report": False}
     )
     folder = tmp_path / "runs" / "st"
-    # Execute
-    out = run_vatra("tune", str(path), timeout=180)
+    # Execute: the console entry in this process (the trials run in its worker process)
+    code, _, err = vatra_in_process(capfd, "tune", str(path))
     best = tmp_path / "best.toml"
     main(["tune", "best", str(folder), "--config-out", str(best)])
     # Assert: steps = epochs × ceil(rows / batch), one evaluation per epoch, in each trial and in best
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert code == 0, err[-2000:]
     data = json.loads((folder / "study.json").read_text())
     for t in data["trials"]:
         ran = load_config(Path(t["run_dir"]) / "config.toml")

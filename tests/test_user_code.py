@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tests._dist import run_vatra, start_vatra
+from tests.conftest import vatra_in_process
 
 from vatra.cli import main
 from vatra.rundir import read_jsonl
@@ -190,14 +191,16 @@ def test_bad_user_code_found_in_the_workers_is_still_one_line(
     assert expected in _one_error_line(out)
 
 
-def test_bad_data_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_bad_data_is_one_line_and_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # NaN values name the column and their count (found in the worker, which reads the rows)
     config = _project(tmp_path / "project")
     table = pq.read_table(tmp_path / "project" / "sites.parquet").to_pydict()
     table["m1"][3] = None
     table["m1"][9] = float("nan")
     pq.write_table(pa.table(table), tmp_path / "project" / "sites.parquet")
-    nan = _one_error_line(run_vatra("train", str(config), "--run-dir", str(tmp_path / "b")))
+    # the launcher in this process (capfd: the worker's stderr too, which must add no line)
+    code, _, err = vatra_in_process(capfd, "train", str(config), "--run-dir", str(tmp_path / "b"))
+    nan = _one_error_line(subprocess.CompletedProcess([], code, "", err))
     assert "m1" in nan and "2" in nan and "data.nan" in nan
     dropped = run_vatra(
         "train",
