@@ -65,9 +65,9 @@ def vatra_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[in
     return code, out.out, out.err
 
 
-@pytest.fixture
-def s3_server() -> Iterator[dict[str, str]]:
-    """A real S3-compatible server (moto_server) on a free port; skipped when it cannot start."""
+@contextmanager
+def _moto_server() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server (moto_server) on a free port; skips the test when it cannot start."""
     pytest.importorskip("s3fs")
     exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
     if not Path(exe).exists():
@@ -95,6 +95,22 @@ def s3_server() -> Iterator[dict[str, str]]:
     import s3fs
 
     s3fs.S3FileSystem(**options).mkdir("ckpt-bucket")
-    yield options
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield options
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server (moto_server) on a free port, with a bucket ``ckpt-bucket``."""
+    with _moto_server() as options:
+        yield options
+
+
+@pytest.fixture(scope="module")
+def s3_server_shared() -> Iterator[dict[str, str]]:
+    """One moto_server for a whole test module (~2 s saved per test): tests use distinct prefixes."""
+    with _moto_server() as options:
+        yield options
