@@ -13,6 +13,7 @@ One copy of each mechanism for every test file:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,9 +28,10 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from vatra.config import load_config
+from vatra.config import dump_toml, load_config
+from vatra.launch import free_port
 from vatra.resilience import LATEST, open_store
-from vatra.rundir import read_jsonl
+from vatra.rundir import RunDir, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,6 +120,41 @@ def final_weights(run: Path, tmp: Path, step: int) -> dict[str, torch.Tensor]:
 def events(run: Path, kind: str) -> list[dict[str, Any]]:
     """The ``kind`` events of a run folder's events.jsonl, in order."""
     return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
+
+
+def _train_rank(rank: int, world: int, port: int, config: str, run: str) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world)
+    )
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    from vatra.worker import main
+
+    code = main([config, "--run-dir", run])
+    if code:
+        raise SystemExit(code)  # spawn fails the test with this rank's exit code
+
+
+def train_ranks(
+    run: Path, *sets: str, config: Path = ROOT / "examples" / "digits.toml", world: int = 2
+) -> dict:
+    """``vatra train CONFIG --nproc WORLD`` without the command line or the elastic agent: the run
+    folder and its config.toml as the command writes them, then ``vatra.worker`` in ``world`` spawned
+    ranks meeting on a free port. Returns the run's summary.json. ``sets`` are ``section.key=value``."""
+    cfg = load_config(config, list(sets), run="train")
+    RunDir(run).create().config.write_text(dump_toml(cfg))
+    spawn(_train_rank, world, (world, free_port(), str(run / "config.toml"), str(run)))
+    return dict(json.loads((run / "summary.json").read_text()))
+
+
+def rewind(run: Path, copy: Path, step: int) -> int:
+    """A copy of a finished run with its ``latest`` tag moved back to the version saved at ``step``:
+    the run as if it had died after that save (the next launch on ``copy`` resumes there). Returns the
+    number of metrics lines the copy already holds (the resumed ones follow them)."""
+    shutil.copytree(run, copy)
+    store = open_store(load_config(copy / "config.toml").store, copy / "checkpoints")
+    (saved,) = [m for m in store.versions() if m["step"] == step]
+    store.set_tag(LATEST, str(saved["version"]))
+    return len(read_jsonl(copy / "metrics.jsonl"))
 
 
 def _netns_usable() -> bool:
