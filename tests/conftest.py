@@ -1,4 +1,4 @@
-"""Shared test helpers: small configs and a multi-process runner on gloo with a file rendezvous."""
+"""Shared test fixtures: small configs, the command line in process, a small disk, an S3 server."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from tests._dist import ROOT
 
 from vatra.config import Config, config_from_dict
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def small_config(**sections: dict) -> Config:
@@ -31,19 +30,6 @@ def small_config(**sections: dict) -> Config:
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     return config_from_dict(raw)
-
-
-def run_vatra(*args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """Run the ``vatra`` command in a subprocess, capturing output."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "vatra", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-    )
 
 
 @pytest.fixture
@@ -79,9 +65,9 @@ def vatra_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[in
     return code, out.out, out.err
 
 
-@pytest.fixture
-def s3_server() -> Iterator[dict[str, str]]:
-    """A real S3-compatible server (moto_server) on a free port; skipped when it cannot start."""
+@contextmanager
+def _moto_server() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server (moto_server) on a free port; skips the test when it cannot start."""
     pytest.importorskip("s3fs")
     exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
     if not Path(exe).exists():
@@ -109,6 +95,22 @@ def s3_server() -> Iterator[dict[str, str]]:
     import s3fs
 
     s3fs.S3FileSystem(**options).mkdir("ckpt-bucket")
-    yield options
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield options
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_server() -> Iterator[dict[str, str]]:
+    """A real S3-compatible server (moto_server) on a free port, with a bucket ``ckpt-bucket``."""
+    with _moto_server() as options:
+        yield options
+
+
+@pytest.fixture(scope="module")
+def s3_server_shared() -> Iterator[dict[str, str]]:
+    """One moto_server for a whole test module (~2 s saved per test): tests use distinct prefixes."""
+    with _moto_server() as options:
+        yield options

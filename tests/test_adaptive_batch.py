@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests._dist import final_weights, train_ranks
+from tests.conftest import small_config
 
 from vatra.balance.adaptive import HEADROOM, NoiseScale, lr_multiplier, memory_cap, next_global_batch
 from vatra.config import config_from_dict
@@ -82,7 +84,6 @@ def test_adaptive_refuses_what_it_cannot_serve() -> None:
         )
     with pytest.raises(ConfigError, match=r"chaos\.oom_batch"):
         config_from_dict({"chaos": {"oom_batch": [-1]}})
-    from tests.conftest import small_config
 
     from vatra.engine import Trainer
     from vatra.resilience.chaos import TrainingFaults
@@ -93,14 +94,9 @@ def test_adaptive_refuses_what_it_cannot_serve() -> None:
 
 
 def _run(run: Path, *sets: str) -> None:
-    from tests.test_resilience_recovery import _start
-
     common = ["train.steps=30", "checkpoint.every_steps=10", "balance.method=static", "balance.adaptive=true"]
-    common += ["balance.every=5", "train.precision=bf16", "train.eval_every=0"]
-    args = [a for s in (*common, *sets) for a in ("--set", s)]
-    proc = _start(run, *args)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    common += ["balance.every=5", "train.precision=bf16", "train.eval_every=0", "run.tensorboard=false"]
+    train_ranks(run, *common, *sets)  # 2 ranks, the workers vatra train starts
 
 
 def test_an_out_of_memory_rank_is_recovered_on_all_ranks_and_the_redone_step_is_exact(tmp_path: Path) -> None:
@@ -108,8 +104,6 @@ def test_an_out_of_memory_rank_is_recovered_on_all_ranks_and_the_redone_step_is_
     forward pass runs out of memory, both ranks drop the step, rank 1 is capped at 8, and the step is
     redone on the same global batch split 24 / 8. The run ends bit-equal to one that ran 24 / 8 from
     the start (the global batch held at 32 by max_global_batch, so only the split differs)."""
-    from tests.test_resilience_recovery import _final_weights
-
     hit = ["balance.batches=[16, 16]", "balance.max_global_batch=32", "chaos.oom_batch=[0, 12]"]
     _run(tmp_path / "hit", *hit)
     _run(tmp_path / "ref", "balance.batches=[24, 8]", "balance.max_global_batch=32")
@@ -120,5 +114,5 @@ def test_an_out_of_memory_rank_is_recovered_on_all_ranks_and_the_redone_step_is_
     assert backoff[0]["sizes"] == [24, 8]
     rows = [json.loads(line) for line in (tmp_path / "hit" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["global_batch"] == 32 and np.isfinite(r["loss"]) for r in rows if "global_batch" in r)
-    a, b = _final_weights(tmp_path / "hit", tmp_path), _final_weights(tmp_path / "ref", tmp_path)
+    a, b = final_weights(tmp_path / "hit", tmp_path, 30), final_weights(tmp_path / "ref", tmp_path, 30)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

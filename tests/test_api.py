@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import ROOT, run_vatra
+from tests._dist import ROOT, run_vatra
+from tests.conftest import vatra_in_process
 from torch import Tensor, nn
 from torch.utils.data import Dataset, IterableDataset
 
@@ -131,10 +132,10 @@ def test_vatra_run_launches_a_users_script_on_two_processes(tmp_path: Path) -> N
     assert len(metrics) == 40
 
 
-def test_vatra_run_usage_errors_are_one_line(tmp_path: Path) -> None:
-    out = run_vatra("run", str(tmp_path / "missing.py"), "--nproc", "2")
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
+def test_vatra_run_usage_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = vatra_in_process(capsys, "run", str(tmp_path / "missing.py"), "--nproc", "2")
+    assert code == 2
+    assert err.strip().splitlines() == [
         f"error: script not found: {tmp_path / 'missing.py'} "
         "(pass a Python file, e.g. examples/custom_script.py)"
     ]

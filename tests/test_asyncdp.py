@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
-from tests.conftest import ROOT, run_vatra, small_config
-from tests.test_resilience_recovery import _final_weights, _start
+from tests._dist import ROOT, final_weights, rewind, spawn, train_ranks
+from tests.conftest import small_config, vatra_in_process
 
 from vatra.asyncdp import computes_at, mode_plugin, split_fragments, steps_for_speed
 from vatra.config import load_config
@@ -89,9 +87,7 @@ def _worker(rank: int, init_file: str, out_dir: str, world: int, runs: dict[str,
 def test_h1_equals_single_process_and_streaming_ends_in_step(tmp_path: Path) -> None:
     # Execute: every mode on 2 ranks (one launch), and the single-process reference
     runs = {**MODES, "streaming": STREAMING}
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path), WORLD, runs), nprocs=WORLD, start_method="spawn"
-    )
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(tmp_path), WORLD, runs))
     ref = _trainer({}, np.arange(STEPS * WORLD * LOCAL_BATCH), WORLD * LOCAL_BATCH, None)
     ref.fit()
     want = [p.detach() for p in ref.model.parameters()]
@@ -117,7 +113,7 @@ def test_hybrid_h1_equals_single_process(tmp_path: Path) -> None:
     # 4 ranks in 2 groups of 2: DDP inside each group, DiLoCo (outer SGD at lr 1, H = 1) across
     hybrid = {**MODES["diloco"], "dist": {"mode": "hybrid"}, "hybrid": {"group_size": 2}}
     args = (str(tmp_path / "rdzv"), str(tmp_path), 4, {"hybrid": hybrid})
-    mp.start_processes(_worker, args=args, nprocs=4, start_method="spawn")
+    spawn(_worker, 4, args)
     ref = _trainer({}, np.arange(STEPS * 4 * LOCAL_BATCH), 4 * LOCAL_BATCH, None)
     ref.fit()
     for r in range(4):
@@ -152,12 +148,13 @@ def test_config_errors(sets: list[str], says: str) -> None:
         load_config(ROOT / "examples" / "digits.toml", sets)
 
 
-def test_cli_refuses_a_mode_without_traceback() -> None:
-    proc = run_vatra(
-        "train", "examples/digits.toml", "--set", "dist.mode=local_sgd", "--set", "comm.method=topk"
+def test_cli_refuses_a_mode_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sets = ["dist.mode=local_sgd", "comm.method=topk", f"run.out_dir={tmp_path}"]
+    code, _, err = vatra_in_process(
+        capsys, "train", "examples/digits.toml", *[a for s in sets for a in ("--set", s)]
     )
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    assert code == 2, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "local_sgd" in lines[0]
 
 
@@ -169,27 +166,21 @@ RESUMED = {
 
 
 def test_diloco_and_local_sgd_resume_repeats_losses_and_weights(tmp_path: Path) -> None:
-    # Prepare: per mode, one run loses rank 1 to SIGKILL after step 15 and resumes from step 10, in
-    # the middle of a round (the ranks' parameters differ there): four launches side by side
+    # Prepare: per mode, a 2-rank run of 30 steps, and a copy of it rewound to its step-10 save, in
+    # the middle of a round (the ranks' parameters differ there): as if it had died after step 15
     common = ["train.steps=30", "checkpoint.every_steps=10", "optim.name=adamw", "optim.lr=0.003"]
-    common.append("monitor.enabled=false")  # not under test here: one process fewer per run
-    procs = {}
+    common += ["monitor.enabled=false", "run.progress=off", "run.tensorboard=false"]  # not under test
     for mode, sets in RESUMED.items():
-        args = [a for s in (*common, *sets) for a in ("--set", s)]
-        procs[mode, "ref"] = _start(tmp_path / f"{mode}-ref", *args)
-        kill = ["--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2"]
-        procs[mode, "hit"] = _start(tmp_path / f"{mode}-hit", *args, *kill)
-    for key, proc in procs.items():
-        _, err = proc.communicate(timeout=280)
-        assert proc.returncode == 0, (key, err[-2000:])
-    for mode in RESUMED:
         ref, hit = tmp_path / f"{mode}-ref", tmp_path / f"{mode}-hit"
+        train_ranks(ref, *common, *sets)
+        before = rewind(ref, hit, step=10)
+        # Execute: the same command on the rewound copy resumes from step 10
+        summary = train_ranks(hit, *common, *sets)
         # Assert: the resumed attempt repeats the uninterrupted run's losses exactly, to the last step
         want = {m["step"]: m["loss"] for m in read_jsonl(ref / "metrics.jsonl")}
-        got = [m for m in read_jsonl(hit / "metrics.jsonl") if m["attempt"] == 1]
+        got = read_jsonl(hit / "metrics.jsonl")[before:]
         assert [m["step"] for m in got] == list(range(11, 31)), mode
         assert all(m["loss"] == want[m["step"]] for m in got), mode
-        a, b = _final_weights(ref, tmp_path), _final_weights(hit, tmp_path)
+        a, b = final_weights(ref, tmp_path, 30), final_weights(hit, tmp_path, 30)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), mode
-        summary = json.loads((hit / "summary.json").read_text())
-        assert summary["dist_mode"] == mode and summary["restarts"] == 1
+        assert summary["dist_mode"] == mode

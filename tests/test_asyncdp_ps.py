@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from tests.conftest import ROOT, small_config
-from tests.test_resilience_recovery import _events
+from tests._dist import events, spawn, start_vatra
+from tests.conftest import small_config
 
 from vatra.asyncdp.ps import Server, ShardServer, staleness_scale
 from vatra.asyncrun import FINAL, run_worker
@@ -85,7 +82,7 @@ def test_one_worker_without_staleness_equals_one_process(tmp_path: Path) -> None
     # Execute: one worker and one server over their gloo pair, and the same run in one process
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    mp.start_processes(_role, args=(port, str(tmp_path)), nprocs=2, start_method="spawn")
+    spawn(_role, 2, (port, str(tmp_path)))
     del store
     cfg = _config()
     ref = Trainer.from_config(cfg.model_copy(update={"dist": cfg.dist.model_copy(update={"mode": "sync"})}))
@@ -102,21 +99,7 @@ def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
     base = ["dist.mode=async", "train.steps=30", "checkpoint.every_steps=10", "run.tensorboard=false"]
     base += ["dist.timeout_s=120", "monitor.enabled=false"]  # a hang fails within the test's time
     args = [a for s in (*base, *sets) for a in ("--set", s)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "vatra",
-        "train",
-        "examples/digits.toml",
-        "--nproc",
-        "3",
-        "--run-dir",
-        str(run),
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [*cmd, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return start_vatra("train", "examples/digits.toml", "--nproc", "3", "--run-dir", str(run), *args)
 
 
 def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: Path) -> None:
@@ -130,10 +113,10 @@ def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: P
     assert hit_worker.returncode == 0, werr[-2000:]
     assert hit_server.returncode == 0, serr[-2000:]
     # Assert (worker): only worker 1 restarted; it resumed from its step-10 state, worker 0 went on
-    (restart,) = _events(worker_run, "async_restart")
+    (restart,) = events(worker_run, "async_restart")
     assert (restart["role"], restart["index"], restart["exit_code"]) == ("worker", 1, -9)
     own = worker_run / "workers" / "worker-1"
-    (resumed,) = _events(own, "async_worker_resumed")
+    (resumed,) = events(own, "async_worker_resumed")
     assert resumed["step"] == 10
     steps = [m["step"] for m in read_jsonl(own / "metrics.jsonl") if "loss" in m]
     before = steps[:-20]  # the kill comes in step 15's on_step_end, before or after its line is written
@@ -142,10 +125,10 @@ def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: P
     main = [m["step"] for m in read_jsonl(worker_run / "metrics.jsonl") if "loss" in m]
     assert main == list(range(1, 31))  # worker 0 never stopped or repeated a step
     # Assert (server): it came back from its last saved shard and the run finished
-    (restart,) = _events(server_run, "async_restart")
+    (restart,) = events(server_run, "async_restart")
     assert (restart["role"], restart["index"], restart["exit_code"]) == ("server", 0, -9)
-    (back,) = _events(server_run, "async_server_resumed")
+    (back,) = events(server_run, "async_server_resumed")
     assert 20 <= back["version"] < 25  # saved at update 20 (or the next, when two arrive at once)
-    assert _events(server_run, "async_link_lost")  # the workers saw it go and found it again
+    assert events(server_run, "async_link_lost")  # the workers saw it go and found it again
     summary = json.loads((server_run / "summary.json").read_text())
     assert summary["steps"] == 30 and summary["val_accuracy"] > 0.5

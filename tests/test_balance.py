@@ -8,14 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
-from tests.conftest import small_config
+from tests._dist import final_weights, rewind, run_vatra, spawn, train_ranks
+from tests.conftest import small_config, vatra_in_process
 
 from vatra.balance import ProportionalPolicy, TimeModel, equal_time_split, fit_time_model, proportional_split
 from vatra.config import BalanceConfig, config_from_dict
 from vatra.data import GlobalBatchSampler
 from vatra.engine import DistContext, Trainer
 from vatra.errors import ConfigError
+from vatra.rundir import read_jsonl
 
 STEPS = 4
 
@@ -128,12 +129,7 @@ def _worker(rank: int, world: int, batches: list[int], init_file: str, out_dir: 
 @pytest.mark.parametrize("batches", [[5, 11], [3, 7, 6]])
 def test_uneven_batches_equal_one_process_on_the_union_batch(tmp_path: Path, batches: list[int]) -> None:
     world = len(batches)
-    mp.start_processes(
-        _worker,
-        args=(world, batches, str(tmp_path / "rdzv"), str(tmp_path)),
-        nprocs=world,
-        start_method="spawn",
-    )
+    spawn(_worker, world, (world, batches, str(tmp_path / "rdzv"), str(tmp_path)))
     reference = balanced_trainer([sum(batches)], None)
     reference.fit()
     for r in range(world):
@@ -168,7 +164,6 @@ def test_a_plain_mean_of_uneven_batches_would_differ() -> None:
 def test_proportional_moves_samples_to_the_fast_rank(tmp_path: Path) -> None:
     """Three real processes, rank 2 computing 4× slower: the balancer gives it the smallest batch,
     every decision is recorded, and the losses stay finite."""
-    from tests.conftest import run_vatra
 
     result = run_vatra(
         "train",
@@ -250,9 +245,10 @@ def test_ppo_trained_in_the_simulator_matches_proportional_there(tmp_path: Path)
     assert scores["ppo"] >= scores["proportional"] > scores["static"], scores
 
 
-def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> None:
+def test_train_agent_command_saves_a_policy_and_scores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("stable_baselines3")
-    from tests.conftest import run_vatra
 
     out = tmp_path / "agent.zip"
     args = [
@@ -267,33 +263,31 @@ def test_train_agent_command_saves_a_policy_and_scores_it(tmp_path: Path) -> Non
         "--out",
         str(out),
     ]
-    result = run_vatra("balance", "train-agent", *args, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    code, stdout, err = vatra_in_process(capsys, "balance", "train-agent", *args)
+    assert code == 0, err[-2000:]
     assert out.is_file()
-    assert "proportional: compute balance" in result.stdout and "ppo: compute balance" in result.stdout
-    wrong = run_vatra("train", "examples/digits.toml", "--nproc", "3", "--set", "balance.method=ppo", "--set",
-                      f"balance.policy={out}", "--set", "train.steps=2", timeout=300)  # fmt: skip
-    assert wrong.returncode == 2 and "trained for 2 ranks but the run has 3" in wrong.stderr
-    missing = run_vatra("train", "examples/digits.toml", "--set", "balance.method=ppo")
-    assert missing.returncode == 2 and "needs balance.policy" in missing.stderr.strip().splitlines()[-1]
+    assert "proportional: compute balance" in stdout and "ppo: compute balance" in stdout
+    code, _, err = vatra_in_process(capsys, "train", "examples/digits.toml", "--nproc", "3", "--set",
+                                    "balance.method=ppo", "--set", f"balance.policy={out}", "--set",
+                                    "train.steps=2", "--set", f"run.out_dir={tmp_path}")  # fmt: skip
+    assert code == 2 and "trained for 2 ranks but the run has 3" in err
+    code, _, err = vatra_in_process(capsys, "train", "examples/digits.toml", "--set", "balance.method=ppo",
+                                    "--set", f"run.out_dir={tmp_path}")  # fmt: skip
+    assert code == 2 and "needs balance.policy" in err.strip().splitlines()[-1]
 
 
-def test_a_killed_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
-    """Uneven static split on 2 ranks, rank 1 SIGKILLed after step 15: the elastic restart resumes the
-    global data position and split from the step-10 checkpoint and ends bit-equal to a clean run."""
-    from tests.test_resilience_recovery import _final_weights, _start
-
-    sets = ["--set", "train.steps=30", "--set", "checkpoint.every_steps=10"]
-    sets += ["--set", "balance.method=static", "--set", "balance.batches=[5, 27]"]
-    ref = _start(tmp_path / "ref", *sets)
-    hit = _start(tmp_path / "hit", *sets, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
-    _, ref_err = ref.communicate(timeout=240)
-    _, hit_err = hit.communicate(timeout=240)
-    assert ref.returncode == 0, ref_err[-2000:]
-    assert hit.returncode == 0, hit_err[-2000:]
-    events = [json.loads(line) for line in (tmp_path / "hit" / "events.jsonl").read_text().splitlines()]
-    assert [e["resumed_step"] for e in events if e["event"] == "recovered"] == [10]
-    a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(tmp_path / "hit", tmp_path)
+def test_a_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    """Uneven static split on 2 ranks, resumed from the step-10 checkpoint (a copy of the clean run
+    rewound there, as after a death at step 15): the global data position and split are restored and
+    the run ends bit-equal to the clean one."""
+    sets = ["train.steps=30", "checkpoint.every_steps=10", "balance.method=static", "balance.batches=[5, 27]"]
+    sets += ["run.progress=off", "run.tensorboard=false"]
+    train_ranks(tmp_path / "ref", *sets)
+    done = rewind(tmp_path / "ref", tmp_path / "hit", step=10)
+    train_ranks(tmp_path / "hit", *sets)
+    resumed = [m["step"] for m in read_jsonl(tmp_path / "hit" / "metrics.jsonl")[done:]]
+    assert resumed == list(range(11, 31))
+    a, b = final_weights(tmp_path / "ref", tmp_path, 30), final_weights(tmp_path / "hit", tmp_path, 30)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT, run_vatra
+from tests._dist import ROOT, run_vatra
+from tests.conftest import vatra_in_process
 
 from vatra.cli import main
 from vatra.launch import free_port
@@ -96,24 +97,31 @@ def test_two_nodes_rendezvous_like_torchrun(tmp_path: Path) -> None:
         (["train", "examples/digits.toml", "--no-such-flag"], "error: No such option"),
     ],
 )
-def test_usage_errors_are_one_line(args: list[str], expected: str, tmp_path: Path) -> None:
-    proc = run_vatra(*args, "--set", f"run.out_dir={tmp_path}") if args[0] == "train" else run_vatra(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+def test_usage_errors_are_one_line(
+    args: list[str], expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Execute: the console entry in this process (each error comes before anything starts)
+    out_dir = ["--set", f"run.out_dir={tmp_path}"] if args[0] == "train" else []
+    code, _, err = vatra_in_process(capsys, *args, *out_dir)
+    # Assert
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert lines[0].startswith(expected)
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in err
     assert not list(tmp_path.iterdir())  # nothing written for a run that never started
 
 
-def test_version_help_and_config_show() -> None:
-    version = run_vatra("--version")
-    assert version.returncode == 0 and version.stdout.startswith("vatra ")
-    help_text = run_vatra("--help").stdout
+def test_version_help_and_config_show(capsys: pytest.CaptureFixture[str]) -> None:
+    code, version, _ = vatra_in_process(capsys, "--version")
+    assert code == 0 and version.startswith("vatra ")
+    _, help_text, _ = vatra_in_process(capsys, "--help")
     assert "train" in help_text and "config" in help_text
-    shown = run_vatra("config", "show", "examples/digits.toml", "--set", "train.steps=7")
-    assert shown.returncode == 0
-    assert "steps = 7" in shown.stdout and "[optim]" in shown.stdout
+    code, shown, _ = vatra_in_process(
+        capsys, "config", "show", "examples/digits.toml", "--set", "train.steps=7"
+    )
+    assert code == 0
+    assert "steps = 7" in shown and "[optim]" in shown
 
 
 TRAIN = ["train", "examples/digits.toml"]

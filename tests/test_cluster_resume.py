@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT, run_vatra
-from tests.test_comm_cluster import needs_netns
+from tests._dist import ROOT, needs_netns, run_vatra, start_vatra
 
 from vatra.launch.cluster import SWITCH_ADDRESS
 from vatra.rundir import read_jsonl
@@ -66,16 +65,13 @@ def _config(path: Path) -> Path:
 
 def _cluster_run(name: str, config: Path, run: Path) -> subprocess.Popen[str]:
     cmd = [
-        sys.executable, "-m", "vatra", "cluster", "run", "--name", name, "--timeout", "240",
+        "cluster", "run", "--name", name, "--timeout", "240",
         "--private-dir", str(run), "--",
         "vatra", "train", str(config), "--run-dir", str(run), "--set", f"train.steps={STEPS}",
         "--set", "train.eval_every=0", "--set", "run.progress=off", "--set", "run.tensorboard=false",
         "--set", "monitor.report=false",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    return start_vatra(*cmd, stderr=subprocess.STDOUT)
 
 
 def _events(folder: Path, kind: str) -> list[dict]:

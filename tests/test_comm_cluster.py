@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_vatra
+from tests._dist import needs_netns, run_vatra
+from tests.conftest import vatra_in_process
 
 from vatra.launch.cluster import Cluster, parse_bandwidth
 from vatra.rundir import read_jsonl
 
 # The cluster tests share network-namespace names and the switch address: one xdist worker runs them all.
 pytestmark = pytest.mark.xdist_group("netns")
-
-
-def _netns_usable() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        return False
-    probe = f"vprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
-    if made:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return made
-
-
-needs_netns = pytest.mark.skipif(not _netns_usable(), reason="needs root and network namespaces")
 
 
 def _namespaces() -> list[str]:
@@ -75,15 +62,17 @@ def test_two_host_training_on_the_cluster(tmp_path: Path) -> None:
     assert all(m["comm_cross_host_bytes"] > 0 for m in metrics)
 
 
-def test_cluster_usage_errors() -> None:
+def test_cluster_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert parse_bandwidth("100mbit") == 100_000_000 and parse_bandwidth("1.5gbit") == 1_500_000_000
-    bad = run_vatra("cluster", "up", "--bandwidth", "fast")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --bandwidth 'fast'")
-    assert "Traceback" not in bad.stderr
-    negative = run_vatra("cluster", "up", "--latency-ms", "-5")
-    assert negative.returncode == 2 and negative.stderr.startswith("error: --latency-ms -5: must be between")
-    missing = run_vatra("cluster", "run", "--name", "nosuch", "--", "vatra", "train", "x.toml")
-    assert missing.returncode != 0 and missing.stderr.count("\n") == 1 and "error:" in missing.stderr
+    code, _, err = vatra_in_process(capsys, "cluster", "up", "--bandwidth", "fast")
+    assert code == 2 and err.startswith("error: --bandwidth 'fast'")
+    assert "Traceback" not in err
+    code, _, err = vatra_in_process(capsys, "cluster", "up", "--latency-ms", "-5")
+    assert code == 2 and err.startswith("error: --latency-ms -5: must be between")
+    code, _, err = vatra_in_process(
+        capsys, "cluster", "run", "--name", "nosuch", "--", "vatra", "train", "x.toml"
+    )
+    assert code != 0 and err.count("\n") == 1 and "error:" in err
 
 
 def _has_netem() -> bool:

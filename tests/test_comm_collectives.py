@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests._dist import spawn
 
 import vatra.comm.hierarchical as hier_module
 import vatra.comm.ring as ring_module
@@ -122,7 +122,7 @@ def _check_world(rank: int, world: int) -> None:
 
 
 def test_ring_and_hierarchical_equal_all_reduce_for_world_sizes_2_to_6(tmp_path: Path) -> None:
-    mp.start_processes(_worker, args=(6, str(tmp_path)), nprocs=6, start_method="spawn")
+    spawn(_worker, 6, (6, str(tmp_path)))
 
 
 def test_fuse_groups_respects_bucket_size() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -166,9 +166,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 def test_hosts_compress_their_exact_sum_and_only_payloads_cross_hosts(tmp_path: Path) -> None:
     # Execute
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, start_method="spawn"
-    )
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(tmp_path)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     print(json.dumps(ranks[0], indent=1))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from tests.conftest import small_config
 
 from vatra.comm.plugin import CommPlugin
@@ -136,7 +136,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
 def test_hooks_equal_ddp_and_compressed_training_matches(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    mp.start_processes(_worker, args=(str(tmp_path / "rdzv"), str(out)), nprocs=WORLD, start_method="spawn")
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(out)))
     r = json.loads(out.read_text())
     print(json.dumps(r, indent=1))
     assert (

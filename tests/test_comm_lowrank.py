@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -134,7 +134,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 
 def test_vatra_powersgd_equals_powersgd_from_both_ranks_gradients(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    mp.start_processes(_worker, args=(str(tmp_path / "rdzv"), str(out)), nprocs=WORLD, start_method="spawn")
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(out)))
     r = json.loads(out.read_text())
     print(r)
     # the same fp32 arithmetic up to the order of the all-reduce's sums

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from tests.conftest import small_config
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -127,7 +127,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
 def test_overlapped_hooks_equal_synchronous_ones_bit_for_bit(tmp_path: Path) -> None:
     # Execute
     out = tmp_path / "results.json"
-    mp.start_processes(_worker, args=(str(tmp_path / "rdzv"), str(out)), nprocs=WORLD, start_method="spawn")
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(out)))
     r = json.loads(out.read_text())
     print(json.dumps(r, indent=1))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from tests.conftest import small_config
 
 from vatra.data import ShardSampler
@@ -45,9 +45,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_process_ddp_equals_single_process(tmp_path: Path) -> None:
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, start_method="spawn"
-    )
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(tmp_path)))
     reference = make_trainer(np.arange(STEPS * WORLD * LOCAL_BATCH), WORLD * LOCAL_BATCH, None)
     reference.fit()
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]

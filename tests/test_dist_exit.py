@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from tests.conftest import small_config
 
 from vatra.engine import DistContext
@@ -46,9 +46,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 def test_destroy_frees_unused_groups_and_leaves_no_gloo_worker_running(tmp_path: Path) -> None:
     # Execute: every rank exits cleanly (a SIGABRT would raise here)
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, start_method="spawn"
-    )
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(tmp_path)))
     for rank in range(WORLD):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         # Assert: two groups' workers before; the plugin's group freed, its workers joined

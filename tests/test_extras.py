@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOT
+from tests._dist import ROOT
 
 import vatra
 from vatra._extras import MissingExtra

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from tests._dist import run_vatra, start_vatra
 from tests._fl_helpers import join_body, start_client, start_server
-from tests.conftest import ROOT, small_config
+from tests.conftest import small_config
 
 from vatra.config import Config, dump_toml
 from vatra.federated import EvalRes, FitRes
@@ -94,14 +93,7 @@ def _client_process(
     cfg_path: Path, address: str, cid: int, certs: Path, *extra: str
 ) -> subprocess.Popen[str]:
     args = ["fl", "client", "--server", address, "--client-id", str(cid), "--config", str(cfg_path)]
-    return subprocess.Popen(
-        [sys.executable, "-m", "vatra", *args, "--certs", str(certs), *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    return start_vatra(*args, "--certs", str(certs), *extra, stderr=subprocess.STDOUT)
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -145,9 +137,8 @@ def test_server_killed_and_restarted_resumes_at_the_right_round(tmp_path: Path, 
     cfg_path.write_text(dump_toml(cfg))
     address = f"127.0.0.1:{free_port()}"
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "vatra", "fl", "server", str(cfg_path), "--address", address]
-    cmd += ["--certs", str(certs), "--run-dir", str(run)]
-    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = ["fl", "server", str(cfg_path), "--address", address, "--certs", str(certs), "--run-dir", str(run)]
+    first = start_vatra(*cmd, stdout=subprocess.DEVNULL)
     clients = [start_client(cfg, address, c, certs, slow_s=0.5, retry_s=120) for c in range(2)]
 
     # Execute: SIGKILL the server after two rounds, start it again on the same run folder.
@@ -159,7 +150,7 @@ def test_server_killed_and_restarted_resumes_at_the_right_round(tmp_path: Path, 
     first.send_signal(signal.SIGKILL)
     first.wait(10)
     done_before = len(read_jsonl(run / "metrics.jsonl"))
-    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    second = run_vatra(*cmd)
     # Assert: it resumed after the last checkpointed round, and every round is logged exactly once.
     assert second.returncode == 0, second.stderr
     assert [e["round"] for e in _events(run, "resumed")] == [done_before + 1]

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.conftest import ROOT, small_config
+from tests._dist import ROOT
+from tests.conftest import small_config
 
 from vatra.config import dump_toml
 from vatra.errors import ConfigError

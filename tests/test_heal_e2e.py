@@ -1,55 +1,29 @@
-"""Healing end to end: 2 ranks on gloo, the digits example, LR spikes, the real checkpoint plugin."""
+"""Healing end to end: 2 ranks of the digits example on gloo (the workers vatra train starts, without
+the command line), LR spikes, the real checkpoint plugin."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests._dist import train_ranks
 
 from vatra.rundir import read_jsonl
 
-COMMON = [
-    "--nproc", "2",
-    "--set", "run.progress=off",
-    "--set", "run.tensorboard=false",
-    "--set", "monitor.report=false",
-]  # fmt: skip
-SPIKE = ["--set", "chaos.lr_spike_at=[60,150]"]  # the flagship's 300 steps, LR × 100 for 10 steps each
-
-
-def _start(run_dir: Path, *sets: str) -> subprocess.Popen[str]:
-    args = ["train", "examples/digits.toml", "--run-dir", str(run_dir), *COMMON, *sets]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "vatra", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _summary(proc: subprocess.Popen[str], run_dir: Path) -> dict:
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
-    return json.loads((run_dir / "summary.json").read_text())
+QUIET = ["run.progress=off", "run.tensorboard=false", "monitor.report=false"]
+SPIKE = ["chaos.lr_spike_at=[60,150]"]  # the flagship's 300 steps, LR × 100 for 10 steps each
 
 
 def test_lr_spikes_diverge_without_healing_and_recover_with_it(tmp_path: Path) -> None:
-    # Prepare / Execute: the same run clean, with two spikes and no healing (these two side by side:
-    # each launch rendezvouses on its own free port), then with the spikes and healing plus a slow
-    # rank 1, which healing must name.
-    clean_proc = _start(tmp_path / "clean")
-    broken_proc = _start(tmp_path / "off", *SPIKE, "--set", "heal.enabled=false")
-    clean = _summary(clean_proc, tmp_path / "clean")
-    broken = _summary(broken_proc, tmp_path / "off")
-    slow = ["--set", "chaos.slow_rank=1", "--set", "chaos.slow_rank_s=0.03"]
-    healed = _summary(_start(tmp_path / "on", *SPIKE, *slow), tmp_path / "on")
+    # Prepare / Execute: the same 2-rank run clean, with two spikes and no healing (these two side by
+    # side, each on its own free port), then with the spikes and healing plus a slow rank 1, which
+    # healing must name.
+    with ThreadPoolExecutor(2) as pool:
+        clean_run = pool.submit(train_ranks, tmp_path / "clean", *QUIET)
+        broken = train_ranks(tmp_path / "off", *QUIET, *SPIKE, "heal.enabled=false")
+        clean = clean_run.result()
+    slow = ["chaos.slow_rank=1", "chaos.slow_rank_s=0.03"]
+    healed = train_ranks(tmp_path / "on", *QUIET, *SPIKE, *slow)
     # Assert: without healing the spikes wreck the model; with it, accuracy is back within 1 point:
     # each spike rolls back once, skips its data and leaves the LR on its schedule
     assert broken["val_accuracy"] < clean["val_accuracy"] - 0.10, (broken, clean)
@@ -68,16 +42,17 @@ def test_faults_under_gradient_compression_heal_once(tmp_path: Path) -> None:
     # Prepare / Execute: error feedback (topk's residuals, PowerSGD's error and warm-start factors)
     # sees every gradient in backward, before a policy can skip the step. A NaN gradient at step 120
     # with no checkpoints (the rollback restores healing's in-memory snapshot), and a gradient spike
-    # at step 120 (the skip must drop it, not leave it in the residuals to be sent later). Side by side.
-    base = ["--set", "checkpoint.enabled=false", "--set", "train.steps=160"]
+    # at step 120 (the skip must drop it, not leave it in the residuals to be sent later).
+    base = [*QUIET, "checkpoint.enabled=false", "train.steps=160"]
     runs = {
-        "nan-topk": ["--set", "chaos.inject_nan_at=[120]", "--set", "comm.method=topk"],
-        "nan-powersgd": ["--set", "chaos.inject_nan_at=[120]", "--set", "comm.method=powersgd"],
-        "spike-topk": ["--set", "chaos.grad_spike_at=[120]", "--set", "comm.method=topk"],
+        "nan-topk": ["chaos.inject_nan_at=[120]", "comm.method=topk"],
+        "nan-powersgd": ["chaos.inject_nan_at=[120]", "comm.method=powersgd"],
+        "spike-topk": ["chaos.grad_spike_at=[120]", "comm.method=topk"],
     }
-    procs = {name: _start(tmp_path / name, *base, *sets) for name, sets in runs.items()}
-    for name, proc in procs.items():
-        summary = _summary(proc, tmp_path / name)
+    with ThreadPoolExecutor(len(runs)) as pool:  # side by side: each pair of ranks on its own port
+        done = pool.map(lambda name: train_ranks(tmp_path / name, *base, *runs[name]), runs)
+        summaries = dict(zip(runs, done, strict=True))
+    for name, summary in summaries.items():
         actions = summary["heal_actions"]  # a busy machine may add straggler notes: not counted
         # Assert: a NaN costs one skip and one rollback from memory; a spike one skip and nothing
         # more (before: skipped again as the residuals sent it, then rolled back); training goes on

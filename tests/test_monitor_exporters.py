@@ -7,8 +7,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from tests.conftest import run_vatra, small_config
+from tests.conftest import small_config, vatra_in_process
 
 from vatra.engine import Plugin, Trainer
 from vatra.launch import free_port
@@ -79,7 +80,9 @@ def test_trace_spans_cover_each_step_phase(tmp_path: Path) -> None:
     assert sorted(c["name"] for c in children) == ["data_wait", "forward_backward", "optimizer"]
 
 
-def test_report_command_writes_a_self_contained_page(tmp_path: Path) -> None:
+def test_report_command_writes_a_self_contained_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = small_config(
         train={"steps": 150, "batch_size": 32},
         monitor={"warmup_steps": 30},
@@ -88,16 +91,18 @@ def test_report_command_writes_a_self_contained_page(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, [TrainingFaults(cfg.chaos), Monitor(cfg), Healer(cfg)], **cfg.model_dump())
     kinds = {e.get("action") or e["event"] for e in read_jsonl(run_dir.events)}
     assert {"chaos", "anomaly", "skip_update", "rollback"} <= kinds
-    result = run_vatra("report", str(run_dir.path))
-    assert result.returncode == 0, result.stderr
+    code, _, err = vatra_in_process(capsys, "report", str(run_dir.path))
+    assert code == 0, err
     page = (run_dir.path / "report.html").read_text()
     assert page.count("<img") >= 6 and page.count("data:image/png;base64,") == page.count("<img")
     assert "src='http" not in page and 'src="http' not in page  # opens offline
     assert "rollback" in page and "non-finite gradient norm" in page
 
 
-def test_report_on_a_folder_that_is_not_a_run_is_one_error_line(tmp_path: Path) -> None:
-    result = run_vatra("report", str(tmp_path))
-    assert result.returncode == 2
-    assert result.stderr.startswith("error:") and "not a run folder" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_report_on_a_folder_that_is_not_a_run_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = vatra_in_process(capsys, "report", str(tmp_path))
+    assert code == 2
+    assert err.startswith("error:") and "not a run folder" in err
+    assert "Traceback" not in err

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from tests.conftest import small_config
 
 from vatra.engine import DistContext, Plugin, Trainer
@@ -72,9 +72,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 def test_verdicts_arrive_a_fixed_lag_after_their_window_alike_on_every_rank(tmp_path: Path) -> None:
     # Execute: 23 steps, a window every 5 steps, rank 1 slow, a gradient spike at the last step
-    mp.start_processes(
-        _worker, args=(str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, start_method="spawn"
-    )
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(tmp_path)))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     verdicts = ranks[0]["verdicts"]
     # Assert: both ranks saw the same verdicts at the same steps, the spike's alarm and the stream

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from tests.conftest import ROOT, small_config, vatra_in_process
+from tests._dist import ROOT, spawn
+from tests.conftest import small_config, vatra_in_process
 from torch.distributed.tensor import DTensor
 from torch.utils.data import TensorDataset
 
@@ -339,7 +339,7 @@ def _worker(rank: int, world: int, rdzv: str, out: str) -> None:
 
 
 def _launch(world: int, folder: Path) -> None:
-    mp.start_processes(_worker, args=(world, str(folder / f"rdzv{world}"), str(folder)), nprocs=world)
+    spawn(_worker, world, (world, str(folder / f"rdzv{world}"), str(folder)))
 
 
 def _reference(user: bool = False) -> list[dict[str, Any]]:

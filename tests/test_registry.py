@@ -4,7 +4,6 @@ string is built and used like a built-in, and every bad string is one config err
 from __future__ import annotations
 
 import inspect
-import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from tests.conftest import vatra_in_process
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -449,23 +449,27 @@ def test_config_accepts_import_strings_without_importing_them() -> None:
     assert "nosuch" not in sys.modules
 
 
-def test_cli_reports_a_malformed_value_in_one_line(tmp_path: Path) -> None:
+def test_cli_reports_a_malformed_value_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Prepare
     toml = tmp_path / "run.toml"
     toml.write_text(textwrap.dedent('[comm]\nmethod = "topk"\n'))
 
-    def show(override: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "vatra", "config", "show", str(toml), "--set", override]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-    # Execute
-    bad = show("comm.method=zigzag")
-    user = show("comm.method=nosuch.mod:X")  # well-formed: config show imports nothing
+    # Execute: the console entry in this process
+    bad_code, _, bad_err = vatra_in_process(
+        capsys, "config", "show", str(toml), "--set", "comm.method=zigzag"
+    )
+    # well-formed: config show imports nothing
+    user_code, user_out, user_err = vatra_in_process(
+        capsys, "config", "show", str(toml), "--set", "comm.method=nosuch.mod:X"
+    )
 
     # Assert
-    lines = bad.stderr.strip().splitlines()
-    assert bad.returncode == 2, bad.stderr
+    lines = bad_err.strip().splitlines()
+    assert bad_code == 2, bad_err
     assert len(lines) == 1 and lines[0].startswith("error: comm.method:") and "zigzag" in lines[0]
-    assert "Traceback" not in bad.stderr
-    assert user.returncode == 0, user.stderr
-    assert 'method = "nosuch.mod:X"' in user.stdout
+    assert "Traceback" not in bad_err
+    assert user_code == 0, user_err
+    assert 'method = "nosuch.mod:X"' in user_out
+    assert "nosuch" not in sys.modules

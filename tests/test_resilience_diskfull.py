@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_vatra, small_disk
+from tests._dist import run_vatra
+from tests.conftest import small_disk
 
 from vatra.config import load_config
 from vatra.resilience import LATEST, open_store

@@ -3,58 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
-from tests.conftest import ROOT
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from tests._dist import events, final_weights, start_training
 
 from vatra.config import load_config
 from vatra.resilience import LATEST, open_store
 from vatra.rundir import read_jsonl
 
-COMMON = ["--nproc", "2", "--set", "run.tensorboard=false", "--set", "run.progress=plain"]
-
-
-def _start(run: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "vatra",
-        "train",
-        "examples/digits.toml",
-        *COMMON,
-        "--run-dir",
-        str(run),
-        *args,
-    ]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _final_weights(run: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    store = open_store(load_config(run / "config.toml").store, run / "checkpoints")
-    manifest = store.materialize(LATEST, tmp / run.name / "dcp")
-    out = tmp / run.name / "full.pt"
-    dcp_to_torch_save(tmp / run.name / "dcp", out)
-    assert manifest["step"] == 30
-    return dict(torch.load(out, weights_only=True)["model"])
-
-
-def _events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
-
 
 def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> None:
     # Prepare: the same 30-step run twice, side by side; one loses rank 1 to SIGKILL after step 15
     steps = ["--set", "train.steps=30", "--set", "checkpoint.every_steps=10"]
-    ref = _start(tmp_path / "ref", *steps)
-    hit = _start(tmp_path / "hit", *steps, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
+    ref = start_training(tmp_path / "ref", *steps)
+    hit = start_training(tmp_path / "hit", *steps, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
     # Execute
     _ref_out, ref_err = ref.communicate(timeout=240)
     _hit_out, hit_err = hit.communicate(timeout=240)
@@ -63,10 +28,10 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     assert hit.returncode == 0, hit_err[-2000:]
     run = tmp_path / "hit"
     # the launcher recorded the death it saw (a SIGKILLed worker cannot log it)
-    (dead,) = _events(run, "worker_failed")
+    (dead,) = events(run, "worker_failed")
     assert (dead["rank"], dead["exit_code"], dead["signal"]) == (1, -9, "SIGKILL")
     assert dead["step"] in (14, 15)  # rank 1's last recorded step before it died
-    (rec,) = _events(run, "recovered")
+    (rec,) = events(run, "recovered")
     assert rec["version"].startswith("s0000010-") and rec["resumed_step"] == 10
     assert 0 < rec["steps_lost"] <= 10 and rec["recovery_s"] > 0
     assert rec["failures"][0]["signal"] == "SIGKILL"
@@ -79,14 +44,14 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     # kill of rank 0 once it sees rank 1 die, so either is a correct last line
     assert max(m["step"] for m in lines if m["attempt"] == 0) in (14, 15)
     # exact resume: final weights equal the uninterrupted run's, bit for bit (CPU, gloo, 2 ranks)
-    a, b = _final_weights(tmp_path / "ref", tmp_path), _final_weights(run, tmp_path)
+    a, b = final_weights(tmp_path / "ref", tmp_path, 30), final_weights(run, tmp_path, 30)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_sigterm_saves_a_checkpoint_before_exit(tmp_path: Path) -> None:
     # Prepare: a long run with no periodic checkpoints
     run = tmp_path / "run"
-    proc = _start(run, "--set", "train.steps=100000", "--set", "checkpoint.every_steps=0")
+    proc = start_training(run, "--set", "train.steps=100000", "--set", "checkpoint.every_steps=0")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and len(read_jsonl(run / "metrics.jsonl")) < 5:
         time.sleep(0.2)
@@ -96,7 +61,7 @@ def test_sigterm_saves_a_checkpoint_before_exit(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=120)
     # Assert: a checkpoint of the step reached landed before the workers exited
     assert proc.returncode != 0
-    (saved,) = _events(run, "checkpoint_saved")
+    (saved,) = events(run, "checkpoint_saved")
     assert saved["reason"] == "sigterm"
     last_step = max(m["step"] for m in read_jsonl(run / "metrics.jsonl"))
     assert saved["step"] == last_step >= 5

@@ -4,81 +4,26 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from vatra.resilience import LAST_GOOD, LATEST, CheckpointStore, ErasureBackend, FsspecBackend, StoreError
+from vatra.resilience import CheckpointStore, ErasureBackend, FsspecBackend, StoreBackend, StoreError
 from vatra.resilience.erasure import decode, encode, parse_shard
+from vatra.resilience.testing import StoreBackendContract
 
 
-def _save(store: CheckpointStore, step: int, parent: str | None, payload: bytes) -> str:
-    files = {"model.bin": payload + step.to_bytes(4, "little"), "rank00000.pt": b"rank state %d" % step}
-    return str(
-        store.write_version(files, step=step, parent=parent, world_size=1, tags=(LAST_GOOD,))["version"]
-    )
+class TestStoreContract(StoreBackendContract):
+    """The reusable store suite (vatra.resilience.testing) on every built-in backend: a local folder,
+    erasure coding over 6 folders (k = 4), and S3 through fsspec on a real S3 server (moto)."""
 
-
-def _chain(store: CheckpointStore, steps: list[int]) -> list[str]:
-    versions: list[str] = []
-    for step in steps:
-        versions.append(_save(store, step, versions[-1] if versions else None, os.urandom(4096)))
-        time.sleep(0.01)  # distinct save times: "newest" is by time
-    return versions
-
-
-def store_contract(store: CheckpointStore, tmp: Path) -> None:
-    """The behaviour every backend must show: round trip, tags, corrupt fallback, rollback, gc."""
-    # Prepare
-    versions = _chain(store, [10, 20, 30])
-    # Execute / Assert: round trip with checksums
-    assert store.tags()[LATEST] == versions[-1]
-    m = store.materialize(LATEST, tmp / "out")
-    assert m["step"] == 30 and m["parent"] == versions[1]
-    assert (tmp / "out" / "model.bin").read_bytes()[-4:] == (30).to_bytes(4, "little")
-    assert store.verify(versions[-1]) == []
-    # a corrupt object in the newest version: verify names it, loading falls back to the parent
-    entry = m["files"]["model.bin"]
-    key = store.object_key(entry["sha256"])
-    data = bytearray(store.backend.get(key))
-    data[100] ^= 0xFF
-    store.backend.put(key, bytes(data))
-    assert any("checksum mismatch" in p for p in store.verify(versions[-1]))
-    skipped: list[str] = []
-    got = store.load_verified(tmp / "fallback", on_bad=lambda v, why: skipped.append(v))
-    assert got is not None and got["version"] == versions[1] and skipped == [versions[-1]]
-    # rollback = move `latest`; resolve accepts tags and unique prefixes
-    store.set_tag(LATEST, versions[0])
-    assert store.resolve(LATEST) == versions[0] == store.resolve(versions[0][:9])
-    with pytest.raises(StoreError, match="no version or tag"):
-        store.resolve("s9999")
-    # gc keeps the newest N plus tagged versions, and drops unreferenced objects
-    more = _chain(store, [40, 50])
-    store.set_tag(LATEST, more[-1])
-    store.set_tag(LAST_GOOD, versions[0])
-    deleted, removed = store.gc(keep=2)
-    assert sorted(deleted) == sorted(versions[1:])
-    assert [x["version"] for x in store.versions()] == [versions[0], *more]
-    assert removed == 4  # two files per deleted version, none shared
-    assert all(store.verify(v) == [] for v in [versions[0], *more])
-
-
-def test_local_store_contract(tmp_path: Path) -> None:
-    store_contract(CheckpointStore(FsspecBackend(str(tmp_path / "store"))), tmp_path)
-
-
-def test_identical_files_are_stored_once(tmp_path: Path) -> None:
-    store = CheckpointStore(FsspecBackend(str(tmp_path / "store")))
-    store.write_version({"a": b"same", "b": b"same"}, step=1, parent=None, world_size=1)
-    store.write_version({"a": b"same"}, step=2, parent=None, world_size=1)
-    assert len(store.backend.keys("objects/")) == 1
-
-
-def test_empty_store_has_nothing_to_load(tmp_path: Path) -> None:
-    store = CheckpointStore(FsspecBackend(str(tmp_path / "store")))
-    assert store.load_verified(tmp_path / "x") is None
-    assert store.versions() == []
+    @pytest.fixture(params=["local", "erasure", "s3"])
+    def backend(self, request: pytest.FixtureRequest, tmp_path: Path) -> StoreBackend:
+        if request.param == "local":
+            return FsspecBackend(str(tmp_path / "store"))
+        if request.param == "erasure":
+            return _erasure(tmp_path)
+        return FsspecBackend(f"s3://ckpt-bucket/{tmp_path.name}", request.getfixturevalue("s3_server_shared"))
 
 
 # ------------------------------------------------------------------ erasure
@@ -93,10 +38,6 @@ def test_zfec_any_k_of_m_restores_bytes(size: int) -> None:
 
 def _erasure(tmp: Path) -> ErasureBackend:
     return ErasureBackend(4, 6, [str(tmp / f"node{i}") for i in range(6)])
-
-
-def test_erasure_store_contract(tmp_path: Path) -> None:
-    store_contract(CheckpointStore(_erasure(tmp_path)), tmp_path)
 
 
 def test_erasure_survives_m_minus_k_lost_shards_and_repairs(tmp_path: Path) -> None:
@@ -133,9 +74,3 @@ def test_erasure_config_is_validated() -> None:
         config_from_dict({"store": {"erasure": {"k": 4, "m": 6, "nodes": ["a", "b"]}}})
     with pytest.raises(ConfigError, match="k < m"):
         config_from_dict({"store": {"erasure": {"k": 6, "m": 6, "nodes": list("abcdef")}}})
-
-
-# ----------------------------------------------------------------------- S3
-def test_s3_store_contract(s3_server: dict, tmp_path: Path) -> None:
-    store = CheckpointStore(FsspecBackend("s3://ckpt-bucket/run1", s3_server))
-    store_contract(store, tmp_path)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
+from tests._dist import spawn
 from tests.conftest import small_config
 from torch.utils.data import Dataset, IterableDataset
 
@@ -182,9 +182,7 @@ def _worker(rank: int, world: int, rdzv: str, run: str, stop_at: int) -> None:
 
 def _run(world: int, run: Path, stop_at: int = 0) -> list[list[dict[str, Any]]]:
     rdzv = run.parent / f"rdzv-{run.name}-{world}"
-    mp.start_processes(
-        _worker, args=(world, str(rdzv), str(run), stop_at), nprocs=world, start_method="spawn"
-    )
+    spawn(_worker, world, (world, str(rdzv), str(run), stop_at))
     return [read_jsonl(run / f"ids-w{world}-r{r}.jsonl") for r in range(world)]
 
 

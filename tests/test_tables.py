@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from conftest import run_vatra, vatra_in_process
+from tests._dist import run_vatra
+from tests.conftest import vatra_in_process
 
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("deltalake")

@@ -11,8 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from conftest import vatra_in_process
+from tests.conftest import vatra_in_process
 
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("deltalake")

@@ -7,53 +7,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
-from tests.conftest import ROOT, run_vatra
+from tests._dist import run_vatra, start_vatra
+from tests._tune_helpers import SPACE, study_of, write_config
+from tests.conftest import vatra_in_process
 
 from vatra.cli import main
 from vatra.config import ModelConfig, config_from_dict, load_config
 
 optuna = pytest.importorskip("optuna")
-
-SPACE: dict[str, Any] = {
-    "optim.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True},
-    "optim.name": {"type": "categorical", "choices": ["sgd", "adam"]},
-    "optim.momentum": {"type": "float", "low": 0.0, "high": 0.9, "when": {"optim.name": "sgd"}},
-}
-
-
-def write_config(tmp_path: Path, tune: dict[str, Any] | None = None, **sections: dict[str, Any]) -> Path:
-    """A tiny digits study: trials of a few steps, runs under tmp_path."""
-    raw: dict[str, Any] = {
-        "run": {"name": "st", "out_dir": str(tmp_path / "runs")},
-        "data": {"name": "digits"},
-        "model": {"name": "mlp", "hidden": [16]},
-        "train": {"steps": 20, "batch_size": 16, "eval_every": 5},
-        "optim": {"name": "adam", "lr": 0.01},
-        "tune": {"trials": 3, "sampler": "random", "space": SPACE, **(tune or {})},
-    }
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    path = tmp_path / "study.toml"
-    path.write_text(tomli_w.dumps(raw))
-    return path
-
-
-def study_of(path: Path, *sets: str) -> Any:
-    """The study a config describes, opened (created) as ``vatra tune`` does, and its runner."""
-    from vatra.cli.tune import trial_overrides
-    from vatra.tune.study import Study
-
-    cfg = load_config(path, [*sets, *trial_overrides(path)])
-    run = Study(cfg, 1)
-    return cfg, run, run.open()
-
 
 # ----------------------------------------------------------------------------- the space
 
@@ -190,9 +156,9 @@ def test_killed_study_resumes_without_duplicate_trials(
         tmp_path, {"trials": 2, "space": {"optim.lr": SPACE["optim.lr"]}}, monitor={"report": False}
     )
     folder = tmp_path / "runs" / "st"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "vatra", "tune", str(path), "--set", "train.steps=100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    proc = start_vatra(
+        "tune", str(path), "--set", "train.steps=100000", new_session=True, stdout=subprocess.DEVNULL
+    )
 
     # Execute: kill -9 the whole tree (vatra tune and its worker) mid-trial, then the same command
     metrics = folder / "trial-0" / "metrics.jsonl"
@@ -269,19 +235,21 @@ def test_a_failing_trial_is_recorded_and_the_study_goes_on(tmp_path: Path) -> No
     assert study.trials[1].user_attrs["error"] == "ValueError: width 1000 is too wide for this test"
 
 
-def test_epochs_size_each_trial_by_its_batch_size_and_best_keeps_them(tmp_path: Path) -> None:
+def test_epochs_size_each_trial_by_its_batch_size_and_best_keeps_them(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     # Prepare: 2 epochs per trial over two batch sizes (digits: 1437 training rows)
     space = {"train.batch_size": {"type": "categorical", "choices": [256, 512]}}
     path = write_config(
         tmp_path, {"trials": 2, "epochs": 2, "pruner": "median", "space": space}, monitor={"report": False}
     )
     folder = tmp_path / "runs" / "st"
-    # Execute
-    out = run_vatra("tune", str(path), timeout=180)
+    # Execute: the console entry in this process (the trials run in its worker process)
+    code, _, err = vatra_in_process(capfd, "tune", str(path))
     best = tmp_path / "best.toml"
     main(["tune", "best", str(folder), "--config-out", str(best)])
     # Assert: steps = epochs × ceil(rows / batch), one evaluation per epoch, in each trial and in best
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert code == 0, err[-2000:]
     data = json.loads((folder / "study.json").read_text())
     for t in data["trials"]:
         ran = load_config(Path(t["run_dir"]) / "config.toml")

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.test_tune import SPACE, study_of, write_config
+from tests._tune_helpers import SPACE, study_of, write_config
 
 optuna = pytest.importorskip("optuna")
 

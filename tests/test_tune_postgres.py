@@ -20,8 +20,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from tests.conftest import run_vatra
-from tests.test_tune import write_config
+from tests._dist import run_vatra
+from tests._tune_helpers import write_config
 
 from vatra.cli import main
 from vatra.launch.local import free_port

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from tests.test_tune import write_config
+from tests._tune_helpers import write_config
 
 from vatra.cli import main
 from vatra.config import dump_toml, load_config
