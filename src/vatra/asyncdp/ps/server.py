@@ -12,6 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vatra._io import atomic_write
 from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, WIRE, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.shard import Reply, ShardServer
 from vatra.config import Config
@@ -176,9 +177,8 @@ class Server:
         shard = self.shard.state_dict()
         state = {"numels": self.numels, "shard": shard}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(state, tmp)
-        os.replace(tmp, self.path)
+        # durable: a restarted server resumes from this file (the shard is the async run's checkpoint)
+        atomic_write(self.path, lambda f: torch.save(state, f), durable=True)
         self.saved_version = int(shard["version"])
 
     def _log_load(self, final: bool = False) -> None:

@@ -3,7 +3,6 @@ the fresh parameters of their replies."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from vatra._io import atomic_write
 from vatra.asyncdp.diloco import split_fragments
 from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, WIRE, Link, Wire, publish_incarnation
 from vatra.config import Config
@@ -164,9 +164,7 @@ class AsyncWorker(Plugin):
     def _save_own(self, trainer: Trainer) -> None:
         assert self.own is not None
         self.own.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.own.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(rank_state(trainer))
-        os.replace(tmp, self.own)
+        atomic_write(self.own, rank_state(trainer), durable=True)  # a restarted worker resumes from it
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         metrics.update(self.step_stats)
