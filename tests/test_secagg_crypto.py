@@ -216,7 +216,7 @@ def test_decode_views_checks_every_offset() -> None:
         decode_views(with_header({"dtype": "U32", "shape": [10], "data_offsets": [0, 400]}))
     with pytest.raises(WireError, match="offsets"):
         decode_views(with_header({"dtype": "U32", "shape": [11], "data_offsets": [0, 40]}))
-    with pytest.raises(WireError, match="offsets"):
+    with pytest.raises(WireError, match="dimension negative"):  # refused by its shape, before the offsets
         decode_views(with_header({"dtype": "U32", "shape": [-10], "data_offsets": [0, 40]}))
     with pytest.raises(WireError, match="malformed"):
         decode_views(with_header({"dtype": "X9", "shape": [10], "data_offsets": [0, 40]}))

@@ -151,7 +151,8 @@ def decode_views(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             raise WireError(f"tensor {name!r}: unsupported or malformed header entry") from None
         if len(shape) > MAX_DIMS or not all(0 <= d <= MAX_DIM for d in shape):
             raise WireError(
-                f"tensor {_short(name)}: shape {_short(shape)}: over {MAX_DIMS} dimensions or one too large"
+                f"tensor {_short(name)}: shape {_short(shape)}: over {MAX_DIMS} dimensions, "
+                "or a dimension negative or over 2^62"
             )
         count = math.prod(shape)
         if not 0 <= lo <= hi <= size or hi - lo != count * dtype.itemsize:
