@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vatra._child import take_errors, write_error
 from vatra._io import atomic_write
 from vatra.assembly import build_plugins, prepare_run
 from vatra.asyncdp.ps import AsyncWorker, Server
@@ -127,33 +129,30 @@ def fit_async(
 
 
 def supervise(cfg: Config, role: str, index: int, workers: int, rd: RunDir, objects: tuple[Any, ...]) -> None:
-    """Run the role in a child process; restart it in place when it dies, up to ``async.restarts``."""
+    """Run the role in a child process; restart it in place when it dies, up to ``async.restarts``.
+
+    The child leaves its one-line error through :mod:`vatra._child`, in a folder of this process's
+    own (off the run folder, as the launcher's)."""
     ctx = mp.get_context("spawn")
-    for incarnation in range(cfg.async_.restarts + 1):
-        receive, send = ctx.Pipe(duplex=False)  # the child's one-line error, if it has one
-        proc = ctx.Process(
-            target=_child,
-            args=(cfg, role, index, workers, incarnation, str(rd.path), objects, send),
-            name=f"vatra-{role}{index}",
-        )
-        proc.start()
-        send.close()
-        proc.join()
-        said = None
-        try:
-            if receive.poll():
-                said = receive.recv()
-        except EOFError:  # the child left without a word (killed, or an unexpected exception)
-            pass
-        receive.close()
-        if proc.exitcode == 0:
-            return
-        if said is not None and said[1] == 2:  # a config error: the same after any restart
-            raise ConfigError(said[0])
-        rd.log_event(
-            "async_restart", role=role, index=index, exit_code=proc.exitcode, incarnation=incarnation + 1,
-            error=None if said is None else said[0],
-        )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix=f"vatra-{role}{index}-") as errors:
+        for incarnation in range(cfg.async_.restarts + 1):
+            proc = ctx.Process(
+                target=_child,
+                args=(cfg, role, index, workers, incarnation, str(rd.path), objects, errors),
+                name=f"vatra-{role}{index}",
+            )
+            proc.start()
+            proc.join()
+            # none when the child left without a word (killed, or an unexpected exception)
+            said = next(iter(take_errors(Path(errors))), None)
+            if proc.exitcode == 0:
+                return
+            if said is not None and said["exit_code"] == 2:  # a config error: the same after any restart
+                raise ConfigError(said["message"])
+            rd.log_event(
+                "async_restart", role=role, index=index, exit_code=proc.exitcode, incarnation=incarnation + 1,
+                error=None if said is None else said["message"],
+            )  # fmt: skip
     raise VatraError(
         f"async {role} {index} died {cfg.async_.restarts + 1} times (last exit code {proc.exitcode}); "
         "see events.jsonl, or raise async.restarts"
@@ -168,7 +167,7 @@ def _child(
     incarnation: int,
     run_path: str,
     objects: tuple[Any, ...],
-    errors: Any,
+    errors: str,
 ) -> None:
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -180,7 +179,7 @@ def _child(
         else:
             run_worker(cfg, index, workers, store, rd, incarnation, objects)
     except VatraError as err:
-        errors.send((str(err), err.exit_code))
+        write_error(Path(errors), "child", str(err), err.exit_code)
         sys.exit(err.exit_code)
 
 

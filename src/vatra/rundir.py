@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vatra import _child
 from vatra._io import atomic_write
 from vatra.errors import RunLocked, VatraError, write_failed
 
@@ -158,31 +159,18 @@ class RunDir:
         return Path(env) if env else self.path / "errors"
 
     def write_error(self, rank: int, message: str, exit_code: int, *, peer_lost: bool = False) -> None:
-        """A worker's one-line error, for the launcher to report once for the whole group.
+        """A worker's one-line error, for the launcher to report once for the whole group
+        (:func:`vatra._child.write_error`, in :attr:`errors`).
 
         ``peer_lost``: this rank failed only because another rank went away (a collective's
         connection closed); the launcher names the rank that went away instead.
         """
-        self.errors.mkdir(parents=True, exist_ok=True)
-        record = {"message": message, "exit_code": exit_code, "peer_lost": peer_lost}
-        (self.errors / f"rank{rank:05d}.json").write_text(json.dumps(record))
+        _child.write_error(self.errors, f"rank{rank:05d}", message, exit_code, peer_lost=peer_lost)
 
     def take_errors(self) -> list[dict[str, Any]]:
         """The workers' own errors in rank order, removed from the folder (a later attempt starts
         clean); errors of ranks that only lost a peer are dropped."""
-        if not self.errors.is_dir():
-            return []
-        found = []
-        for path in sorted(self.errors.glob("rank*.json")):
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            finally:
-                path.unlink(missing_ok=True)
-            if not record.get("peer_lost"):
-                found.append(record)
-        return found
+        return _child.take_errors(self.errors, "rank*.json")
 
     @contextmanager
     def lock(self, purpose: str, job: str | None = None) -> Iterator[None]:

@@ -3,8 +3,6 @@ logged."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 from datetime import timedelta
@@ -16,7 +14,7 @@ from vatra._io import atomic_write
 from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, WIRE, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.shard import Reply, ShardServer
 from vatra.config import Config
-from vatra.resilience.chaos import fired_steps
+from vatra.resilience.chaos import StepKill
 from vatra.rundir import RunDir, append_jsonl
 
 
@@ -42,7 +40,8 @@ class Server:
         self.save_every = every * workers if cfg.checkpoint.enabled else 0
         self.saved_version = 0
         self.save_lock = threading.Lock()
-        self.kill_at = set(cfg.chaos.kill_at_steps) if cfg.chaos.kill_rank == workers + index else set()
+        mine = cfg.chaos.kill_rank == workers + index  # the job's ranks: the workers, then the servers
+        self.kill = StepKill(cfg.chaos.kill_at_steps if mine else (), run_dir, rank=cfg.chaos.kill_rank)
         self.errors: list[str] = []
 
     def run(self) -> None:
@@ -58,8 +57,7 @@ class Server:
                 version=self.shard.version,
                 incarnation=self.incarnation,
             )
-        if self.kill_at:
-            self.kill_at -= fired_steps(self.run_dir, "chaos_kill")
+        self.kill.skip_fired()
         publish_incarnation(self.store, f"server{self.index}", self.incarnation)
         # every worker, also one that said goodbye before a restart: it says it again on its new link
         threads = [
@@ -158,11 +156,7 @@ class Server:
             with self.save_lock:  # one thread saves; the others' updates wait for the next save
                 if version - self.saved_version >= self.save_every:
                     self._save()
-        if version in self.kill_at:
-            self.run_dir.log_event(
-                "chaos_kill", rank=self.cfg.chaos.kill_rank, step=version, signal="SIGKILL"
-            )
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.kill.at(version)  # chaos.kill_at_steps, counted in this shard's updates
 
     def _finish(self, worker: int) -> None:
         """BYE: wait until every worker has said it, so all leave with the final parameters."""

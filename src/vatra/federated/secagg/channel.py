@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from vatra.federated.secagg.messages import pack, unpack
 from vatra.federated.secagg.protocol import STAGES, Msg, SecAggClient
 from vatra.federated.secagg.server import SecAggServer
 from vatra.federated.wire import WireError
+
+if TYPE_CHECKING:
+    from vatra.resilience.chaos import ClientDropout
 
 
 class Channel(Protocol):
@@ -107,10 +110,12 @@ class ClientParty:
 
 
 class CountingChannel:
-    """Packs requests, counts bytes, applies chaos drop-outs; subclasses deliver the packed bytes.
+    """Packs requests, counts bytes, applies drop-outs; subclasses deliver the packed bytes.
 
     ``drops[(rnd, stage)]`` are clients that vanish when that stage's request reaches them (a
-    client gone stays gone for the round); ``tamper`` may rewrite a request on its way (tests).
+    client gone stays gone for the round); ``chaos``, the fault hook of ``chaos.drop_clients_at``
+    (:class:`~vatra.resilience.chaos.ClientDropout`), adds its own at each stage point;
+    ``tamper`` may rewrite a request on its way (tests).
     """
 
     def __init__(self) -> None:
@@ -118,7 +123,7 @@ class CountingChannel:
         self.gone: set[int] = set()
         self.rejected: dict[int, str] = {}
         self.tamper: Callable[[str, int, Msg], Msg] | None = None
-        self.chaos: tuple[int, str, int] | None = None  # (round, stage, count): the highest ids drop
+        self.chaos: ClientDropout | None = None
         self.bytes_down = 0
         self.bytes_up = 0
 
@@ -130,9 +135,11 @@ class CountingChannel:
         assert stage in STAGES
         if stage == "advertise":
             self.gone, self.rejected = set(), {}
-            if self.chaos is not None and self.chaos[0] == rnd:
-                self.drops[(rnd, self.chaos[1])] = set(sorted(requests)[-self.chaos[2] :])
+            if self.chaos is not None:
+                self.chaos.round_start(rnd, requests)
         self.gone |= self.drops.get((rnd, stage), set())
+        if self.chaos is not None:
+            self.gone |= self.chaos.vanish(stage, rnd)
         blobs = {}
         # a request object sent to many clients (a broadcast) is packed once; the cache holds the
         # object itself so its id cannot be reused by another request while the cache lives

@@ -34,6 +34,7 @@ from vatra.federated.secagg.channel import (
 from vatra.federated.secagg.protocol import Quantizer, RoundAborted
 from vatra.federated.secagg.server import SecAggServer
 from vatra.federated.wire import encode_res
+from vatra.resilience.chaos import ClientDropout
 from vatra.rundir import RunDir
 
 WEIGHT_WORDS = 1  # the weight w ends each masked vector, summed mod 2^32 whatever secure_aggregation.bits is
@@ -180,7 +181,7 @@ class SecAggExecutor:
         else:
             self.link = LocalParties(combiner.sa, self._words, wide=WEIGHT_WORDS)
         if (drop := combiner.cfg.chaos.drop_clients_at) is not None:
-            self.link.chaos = (drop.round, drop.stage, drop.count)  # the highest ids drop
+            self.link.chaos = ClientDropout(drop.round, drop.stage, drop.count)  # the highest ids drop
 
     def available(self) -> list[int]:
         return self.inner.available()

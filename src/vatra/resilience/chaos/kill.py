@@ -1,9 +1,12 @@
-"""``chaos.kill_at_steps``: a worker SIGKILLs itself at chosen steps, once per run folder."""
+"""``chaos.kill_at_steps``: a process SIGKILLs itself at chosen steps, once per run folder — a
+training rank after those steps (:class:`KillInjector`), or a parameter server after that many
+updates of its shard (:class:`StepKill`, which the server calls with its own count)."""
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
@@ -39,4 +42,27 @@ class KillInjector(Plugin):
         step = trainer.state.step
         if step in self.pending:
             trainer.log_event("chaos_kill", signal="SIGKILL", pid=os.getpid())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StepKill:
+    """A process that counts its own steps (a parameter server: its shard's version) and
+    SIGKILLs itself when the count reaches one of ``steps``; ``rank`` names it in the event.
+
+    :meth:`skip_fired` once at start (a restarted process does not die at a step already fired),
+    then :meth:`at` with each new count. Thread-safe enough for the server's link threads: each
+    count is reached by one update only."""
+
+    def __init__(self, steps: Iterable[int], run_dir: RunDir, rank: int) -> None:
+        self.pending = set(steps)
+        self.run_dir = run_dir
+        self.rank = rank
+
+    def skip_fired(self) -> None:
+        if self.pending:  # read events.jsonl only when a kill is asked for
+            self.pending -= fired_steps(self.run_dir, "chaos_kill")
+
+    def at(self, step: int) -> None:
+        if step in self.pending:
+            self.run_dir.log_event("chaos_kill", rank=self.rank, step=step, signal="SIGKILL")
             os.kill(os.getpid(), signal.SIGKILL)
