@@ -149,9 +149,9 @@ FL_CLIENT = ["fl", "client", "--server", "127.0.0.1:1", "--client-id", "0", "--c
         ([*TRAIN, "--set", "comm.overlap=sometimes"], "error: comm.overlap:"),
         (
             ["federate", "examples/fl_digits.toml", "--set", "checkpoint.every_steps=5"],
-            "error: checkpoint.every_steps: a federated run reads no [checkpoint] or [store] keys",
+            "error: checkpoint.every_steps: a federated run reads no [checkpoint] keys but keep_last",
         ),
-        ([*FL_SERVER, "--set", "store.url='s3://b/x'"], "error: store.url: a federated run reads no"),
+        ([*FL_SERVER, "--set", "checkpoint.async=true"], "error: checkpoint.async: a federated run reads no"),
         (
             [*FL_CLIENT, "--config", "examples/fl_digits.toml", "--set", "checkpoint.enabled=false"],
             "error: checkpoint.enabled: a federated run reads no",

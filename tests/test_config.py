@@ -157,22 +157,25 @@ def test_without_the_monitor_its_defaults_resolve_to_what_runs() -> None:
     ]
 
 
-def test_a_federated_run_refuses_the_checkpoint_and_store_keys_it_ignores(tmp_path: Path) -> None:
+def test_a_federated_run_refuses_the_checkpoint_keys_it_ignores_and_reads_store(tmp_path: Path) -> None:
     sets = ["checkpoint.async=true", "store.url='/tmp/x'", "checkpoint.every_steps=25"]  # 25: the default
     with pytest.raises(ConfigError) as err:
         load_config(None, sets, run="federated")
     assert str(err.value) == (
-        "checkpoint.async, checkpoint.every_steps, store.url: a federated run reads no [checkpoint] or "
-        "[store] keys (the server saves its whole state to <run>/checkpoints/server.safetensors after "
-        "every round); remove them"
+        "checkpoint.async, checkpoint.every_steps: a federated run reads no [checkpoint] keys but "
+        "keep_last (the server saves its whole state as a version of the [store] after every round and "
+        "always resumes from the newest); remove them"
     )
     load_config(None, sets, run="train")  # training reads them
     load_config(None, sets)  # a worker reloading a run folder's config checks nothing
     path = tmp_path / "fl.toml"
     path.write_text("[federated]\nrounds = 3\n[checkpoint]\n")  # an empty table sets nothing
     load_config(path, run="federated")
-    with pytest.raises(ConfigError, match=r"^store\.erasure: a federated run"):
-        config_from_dict({"store": {"erasure": {"k": 1, "m": 2, "nodes": ["a", "b"]}}}, run="federated")
+    # the server's rounds are versions of the store: [store] and checkpoint.keep_last apply
+    erasure = {"k": 1, "m": 2, "nodes": ["a", "b"]}
+    cfg = config_from_dict({"store": {"erasure": erasure}, "checkpoint": {"keep_last": 2}}, run="federated")
+    assert cfg.store.erasure is not None and cfg.checkpoint.keep_last == 2
+    assert load_config(None, ["store.url='/tmp/x'"], run="federated").store.url == "/tmp/x"
 
 
 def test_a_resolved_config_is_not_taken_for_what_its_user_set(tmp_path: Path) -> None:
@@ -181,8 +184,9 @@ def test_a_resolved_config_is_not_taken_for_what_its_user_set(tmp_path: Path) ->
     path = tmp_path / "resolved.toml"
     path.write_text(dump_toml(load_config(None, ["federated.rounds=3"])))
     assert load_config(path, run="federated").federated.rounds == 3
-    with pytest.raises(ConfigError, match=r"^checkpoint\.keep_last: a federated run"):
-        load_config(path, ["checkpoint.keep_last=2"], run="federated")
+    with pytest.raises(ConfigError, match=r"^checkpoint\.every_steps: a federated run"):
+        load_config(path, ["checkpoint.every_steps=2"], run="federated")
+    assert load_config(path, ["checkpoint.keep_last=2"], run="federated").checkpoint.keep_last == 2
     edited = tmp_path / "edited.toml"  # one key removed: no longer a resolved config
     edited.write_text(path.read_text().replace("keep_last = 5\n", ""))
     with pytest.raises(ConfigError, match=r"^checkpoint\.async, checkpoint\.enabled, .*: a federated run"):

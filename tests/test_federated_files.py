@@ -163,21 +163,26 @@ def test_a_corrupt_server_checkpoint_is_one_clear_error(
     from tests.conftest import small_config
 
     from vatra.config import dump_toml
+    from vatra.federated.checkpoint import CHECKPOINT, server_state
     from vatra.federated.simulation import simulate
+    from vatra.resilience import LATEST, open_store
     from vatra.rundir import RunDir
 
     cfg = small_config(federated={"clients": 2, "rounds": 1, "local_steps": 1}, monitor={"report": False})
     simulate(cfg, RunDir(tmp_path / "run"), progress=False)
-    ckpt = tmp_path / "run" / "checkpoints" / "server.safetensors"
+    store = open_store(cfg.store, tmp_path / "run" / "checkpoints")
+    entry = store.manifest(LATEST)["files"][CHECKPOINT]
+    ckpt = tmp_path / "run" / "checkpoints" / store.object_key(entry["sha256"])
     good = ckpt.read_bytes()
-    if damage == "garbage":
+    if damage == "garbage":  # the only version's object: nothing intact to fall back to
         ckpt.write_bytes(b"\x00" * 64)
     elif damage == "truncated":
         ckpt.write_bytes(good[: len(good) // 2])
-    else:  # a checkpoint of a wider model: the config no longer matches it
+    else:  # an intact version holding a wider model's state: the config no longer matches it
         wide = cfg.model_copy(update={"model": cfg.model.model_copy(update={"hidden": [7]})})
         simulate(wide, RunDir(tmp_path / "other"), progress=False)
-        ckpt.write_bytes((tmp_path / "other" / "checkpoints" / "server.safetensors").read_bytes())
+        other = server_state(RunDir(tmp_path / "other"))
+        store.write_version({CHECKPOINT: other}, step=1, parent=store.resolve(LATEST), world_size=1)
     more = cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"rounds": 2})})
     (tmp_path / "fl.toml").write_text(dump_toml(more))
     with pytest.raises(SystemExit) as exit_info:

@@ -19,6 +19,7 @@ from tests.conftest import small_config
 
 from vatra.config import Config
 from vatra.federated._base import EvalRes, FitIns, FitRes
+from vatra.federated.checkpoint import server_state
 from vatra.federated.client import LocalClient
 from vatra.federated.private import PrivateUpload
 from vatra.federated.simulation import simulate
@@ -66,7 +67,7 @@ def _rejections(run: RunDir) -> list[dict[str, Any]]:
 
 
 def _checkpoint(run: RunDir) -> dict[str, Any]:
-    meta, _ = decode((run.checkpoints / "server.safetensors").read_bytes())
+    meta, _ = decode(server_state(run))
     return meta
 
 
@@ -131,7 +132,7 @@ def test_clustered_drops_a_bad_cluster_choice_or_loss(
     # Assert: the liar is out of every round; the cluster weights hold no lie (q = 1/(1+ℓ) ≤ 1)
     assert summary["rounds"] == 2
     assert {e["client"] for e in _rejections(run)} == {LIAR}
-    _, arrays = decode((run.checkpoints / "server.safetensors").read_bytes())
+    _, arrays = decode(server_state(run))
     assert np.all(arrays["strategy.quality"] <= 1.0)
     assert np.isfinite(arrays["strategy.weights"]).all()
 

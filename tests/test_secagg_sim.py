@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from tests.conftest import small_config
 
-from vatra.federated.server import CHECKPOINT
+from vatra.federated.checkpoint import server_state
 from vatra.federated.simulation import simulate
 from vatra.federated.wire import decode
 from vatra.rundir import RunDir, read_jsonl
@@ -31,7 +31,7 @@ def _cfg(chaos: dict | None = None, **sa: object):
 
 
 def _weights(run: Path) -> np.ndarray:
-    _, tensors = decode((run / "checkpoints" / CHECKPOINT).read_bytes())
+    _, tensors = decode(server_state(RunDir(run)))
     return tensors["strategy.weights"]
 
 

@@ -233,6 +233,7 @@ class Config(Section):
 
 
 RunKind = Literal["train", "federated"]
+_FEDERATED_CHECKPOINT = {"keep_last"}  # the [checkpoint] keys a federated server reads
 
 
 def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> None:
@@ -250,12 +251,12 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
             "describe a study over runs); run 'vatra tune CONFIG', or remove the [tune] section"
         )
     if run == "federated":
-        ignored = [f"{name}.{key}" for name in ("checkpoint", "store") for key in written(name)]
+        ignored = [f"checkpoint.{key}" for key in written("checkpoint") if key not in _FEDERATED_CHECKPOINT]
         if ignored:
             raise ConfigError(
-                f"{', '.join(ignored)}: a federated run reads no [checkpoint] or [store] keys (the "
-                "server saves its whole state to <run>/checkpoints/server.safetensors after every "
-                "round); remove them"
+                f"{', '.join(ignored)}: a federated run reads no [checkpoint] keys but keep_last (the "
+                "server saves its whole state as a version of the [store] after every round and always "
+                "resumes from the newest); remove them"
             )
         if written("parallel"):
             raise ConfigError(

@@ -4,8 +4,9 @@ Only *how clients train and evaluate* differs between the two (an :class:`~vatra
 a process pool, or gRPC clients). The server never holds client data: it scores the global model on
 its own held-out data when it has some (``--eval-data``; a simulation's validation split) and
 aggregates what clients report about their own held-out rows. ``global_accuracy`` is the server's
-figure when it has one, else the clients' weighted one. The server checkpoints its whole state after
-every round and a new server on the same run folder resumes at the next round.
+figure when it has one, else the clients' weighted one. The server saves its whole state after every
+round as a version of the run's checkpoint store (:mod:`vatra.federated.checkpoint`) and a new
+server on the same run folder resumes at the next round.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vatra._io import atomic_write
 from vatra.config import Config
 from vatra.data import DatasetSpec
 from vatra.errors import VatraError
@@ -35,6 +34,7 @@ from vatra.federated._base import (
     check_eval_numbers,
     check_fit_numbers,
 )
+from vatra.federated.checkpoint import ServerCheckpoints
 from vatra.federated.client import initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.evaluate import Scorer, ServerEvaluator
@@ -42,8 +42,6 @@ from vatra.federated.robust import screen
 from vatra.federated.wire import WireError, decode, encode
 from vatra.losses import build_loss
 from vatra.rundir import RunDir, append_jsonl, read_jsonl
-
-CHECKPOINT = "server.safetensors"
 
 
 def weights_digest(weights: np.ndarray) -> str:
@@ -106,26 +104,24 @@ class FederatedServer:
         self.strategy = build_strategy(self.fcfg, layout)
         self.selector = build_selector(self.fcfg, cfg.run.seed)
         self.round = 0  # rounds completed
+        self.checkpoints = ServerCheckpoints(cfg, run_dir)
         if not self._resume():
             self.strategy.initialize(init, cfg.run.seed)
 
     # ------------------------------------------------------------ checkpoint
-    @property
-    def checkpoint_path(self) -> Path:
-        return self.run_dir.checkpoints / CHECKPOINT
-
     def _save(self, metrics: dict[str, Any]) -> None:
         meta, arrays = self.strategy.state()
         facts = {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics}
         blob = encode({**facts, "hook": self.hook.state()}, {f"strategy.{k}": v for k, v in arrays.items()})
-        self.run_dir.checkpoints.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.checkpoint_path, blob, durable=True)  # a crash leaves the last round's
+        self.checkpoints.save(self.round, blob, metrics)  # a crash leaves the last round's version
 
     def _resume(self) -> bool:
-        if not self.checkpoint_path.exists():
+        found = self.checkpoints.newest()
+        if found is None:
             return False
+        where, blob = found
         try:
-            meta, tensors = decode(self.checkpoint_path.read_bytes())
+            meta, tensors = decode(blob)
             arrays = {k.removeprefix("strategy."): v for k, v in tensors.items()}
             self.strategy.load_state(meta["strategy"], arrays)
             self.selector.load_state(meta["selector"])
@@ -137,8 +133,8 @@ class FederatedServer:
                 raise ValueError("its round or model size does not match this config")
         except (WireError, KeyError, TypeError, ValueError, IndexError) as err:
             raise VatraError(
-                f"server checkpoint {self.checkpoint_path} is unreadable ({type(err).__name__}: {err}); "
-                "restore it, or move it away to start this run folder over"
+                f"server checkpoint {where} is unreadable ({type(err).__name__}: {err}); "
+                "restore it, or move the run's checkpoints away to start this run folder over"
             ) from None
         logged = {m.get("round") for m in read_jsonl(self.run_dir.metrics)}
         if self.round not in logged:  # crashed between checkpoint and metrics line
@@ -148,7 +144,7 @@ class FederatedServer:
         else:  # a checkpoint from before hook state was saved
             self.hook.resume(read_jsonl(self.run_dir.metrics))
         self.run_dir.log_event("resumed", round=self.round + 1)
-        self._say(f"vatra: resuming at round {self.round + 1}/{self.fcfg.rounds} from {self.checkpoint_path}")
+        self._say(f"vatra: resuming at round {self.round + 1}/{self.fcfg.rounds} from {where}")
         return True
 
     # ----------------------------------------------------------------- loop
