@@ -16,6 +16,7 @@ from typing import Any
 
 from vatra.config import Config, load_config
 from vatra.errors import VatraError
+from vatra.resilience.checkpoint.loader import fallback_candidates
 from vatra.resilience.store import LATEST, CheckpointStore, Manifest, StoreError, open_store
 from vatra.rundir import RunDir
 
@@ -99,31 +100,9 @@ class ServerCheckpoints:
         )
 
     def _candidates(self) -> Iterator[Manifest]:
-        """Readable manifests from ``latest`` down its parents, then the rest newest first; an
-        unreadable one is logged as ``checkpoint_corrupt`` and passed over."""
-        by_id = {m["version"]: m for m in self.store.versions()}
-        try:
-            ref: str | None = self.store.resolve(LATEST)
-        except StoreError as err:  # a damaged or deleted tag
-            self.run_dir.log_event(
-                "checkpoint_corrupt", version=LATEST, problem=str(err), action="try older versions"
-            )
-            ref = None
-        chain: list[str] = []
-        while ref is not None and ref not in chain:
-            chain.append(ref)
-            ref = by_id.get(ref, {}).get("parent")
-        chain += [v for v in reversed(list(by_id)) if v not in chain]
-        for version in chain:
-            if version in by_id:
-                yield by_id[version]
-                continue
-            try:
-                yield self.store.manifest(version)
-            except StoreError as err:
-                self.run_dir.log_event(
-                    "checkpoint_corrupt", version=version, problem=str(err), action="fall back to parent"
-                )
+        """The versions a resume tries, in the training loader's order (``latest`` down its parents,
+        then the rest newest first; unreadable manifests logged and passed over)."""
+        return fallback_candidates(self.store, LATEST, self.run_dir.log_event)
 
 
 def server_state(run_dir: RunDir) -> bytes:

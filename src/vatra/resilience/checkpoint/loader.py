@@ -9,7 +9,7 @@ on any world size (:mod:`vatra.resilience.snapshot`).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,31 +72,8 @@ class VersionLoader:
         return manifest
 
     def _candidates(self, trainer: Trainer, start: str) -> Iterator[Manifest]:
-        """Rank 0: readable manifests from ``start`` down its parents, then the rest newest first;
-        an unreadable one is logged as ``checkpoint_corrupt`` and passed over."""
-        by_id = {m["version"]: m for m in self.store.versions()}
-        try:
-            ref: str | None = self.store.resolve(start)
-        except StoreError as err:  # with versions present: a damaged or deleted tag
-            if by_id:
-                trainer.log_event(
-                    "checkpoint_corrupt", version=start, problem=str(err), action="try older versions"
-                )
-            ref = None
-        chain: list[str] = []
-        while ref is not None and ref not in chain:
-            chain.append(ref)
-            ref = by_id.get(ref, {}).get("parent")
-        chain += [v for v in reversed(list(by_id)) if v not in chain]
-        for version in chain:
-            if version in by_id:
-                yield by_id[version]
-                continue
-            try:
-                yield self.store.manifest(version)
-            except StoreError as err:
-                trainer.log_event("checkpoint_corrupt", version=version, problem=str(err),
-                                  action="fall back to parent")  # fmt: skip
+        """Rank 0: :func:`fallback_candidates` from ``start``."""
+        return fallback_candidates(self.store, start, trainer.log_event)
 
     def _fetch(self, trainer: Trainer, manifest: Manifest, dest: Path) -> tuple[bool, str] | None:
         """This rank's files of ``manifest`` under ``dest``, checksums verified; else (damaged, why):
@@ -140,3 +117,31 @@ class VersionLoader:
                 "resharded", version=version, from_world_size=saved, to_world_size=ctx.world_size,
                 dropped=dropped,
             ))  # fmt: skip
+
+
+def fallback_candidates(
+    store: CheckpointStore, start: str, log_event: Callable[..., None]
+) -> Iterator[Manifest]:
+    """Readable manifests from ``start`` down its parents, then the rest newest first; an
+    unreadable one is logged as ``checkpoint_corrupt`` and passed over. The order every resume
+    tries versions in (training ranks and the federated server alike)."""
+    by_id = {m["version"]: m for m in store.versions()}
+    try:
+        ref: str | None = store.resolve(start)
+    except StoreError as err:  # with versions present: a damaged or deleted tag
+        if by_id:
+            log_event("checkpoint_corrupt", version=start, problem=str(err), action="try older versions")
+        ref = None
+    chain: list[str] = []
+    while ref is not None and ref not in chain:
+        chain.append(ref)
+        ref = by_id.get(ref, {}).get("parent")
+    chain += [v for v in reversed(list(by_id)) if v not in chain]
+    for version in chain:
+        if version in by_id:
+            yield by_id[version]
+            continue
+        try:
+            yield store.manifest(version)
+        except StoreError as err:
+            log_event("checkpoint_corrupt", version=version, problem=str(err), action="fall back to parent")
