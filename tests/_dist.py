@@ -41,14 +41,31 @@ def rendezvous(folder: Path, name: str = "rdzv") -> str:
     return f"file://{folder / name}"
 
 
-def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, timeout: float = 270.0) -> None:
-    """Run ``fn(rank, *args)`` for rank 0..nprocs-1 in spawned processes and wait for all of them.
+# What the forkserver imports once per test process, so a spawned rank starts in ~0.02 s instead of
+# the ~3 s of CPU a fresh interpreter spends importing torch, vatra and the test module again.
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "vatra.worker", "tests._dist"]
 
+
+def _rank(rank: int, env: dict[str, str], fn: Callable[..., Any], *args: Any) -> None:
+    """A forked rank sees the test's environment of now, not the forkserver's of its start."""
+    os.environ.clear()
+    os.environ.update(env)
+    fn(rank, *args)
+
+
+def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, timeout: float = 270.0) -> None:
+    """Run ``fn(rank, *args)`` for rank 0..nprocs-1 in processes of their own and wait for all of them.
+
+    The ranks are forked from a forkserver that has imported torch and vatra once (a clean process
+    with no threads, so as safe as ``spawn``), each with this process's environment as it is now.
     A rank that raises fails the test with its traceback (torch kills the other ranks); ranks still
     running after ``timeout`` seconds are killed and the test fails instead of hanging the suite
     (270 s: before pytest-timeout's 300 s, so no rank outlives the test).
     """
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn", join=False)
+    mp.set_forkserver_preload(_PRELOAD)
+    context = mp.start_processes(
+        _rank, args=(dict(os.environ), fn, *args), nprocs=nprocs, start_method="forkserver", join=False
+    )
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
