@@ -11,11 +11,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests._dist import ROOT
 
 from vatra.config import Config, config_from_dict
+from vatra.data._base import DatasetSpec
 
 
 def small_config(**sections: dict) -> Config:
@@ -30,6 +32,11 @@ def small_config(**sections: dict) -> Config:
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     return config_from_dict(raw)
+
+
+def dataset_spec(kind: str, num_classes: int = 0, **kw: Any) -> DatasetSpec:
+    """A task's spec on 4 input features (the losses and metrics tests' models)."""
+    return DatasetSpec(kind=kind, input_shape=(4,), num_classes=num_classes, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture

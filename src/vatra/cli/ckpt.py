@@ -25,16 +25,21 @@ ckpt_app = typer.Typer(help="Inspect and manage a run's checkpoint store.", no_a
 app.add_typer(ckpt_app, name="ckpt")
 
 RUN_DIR = typer.Argument(..., help="Run folder (runs/<run-id>).")
+SUB = typer.Option(
+    "",
+    "--sub",
+    help="A store of its own inside the run's: async/server-<s> holds parameter server s's shards.",
+)
 
 
-def _store(run_dir: Path) -> CheckpointStore:
-    """The store the run's own config.toml names (its store section)."""
+def _store(run_dir: Path, sub: str = "") -> CheckpointStore:
+    """The store the run's own config.toml names (its store section), or its ``sub`` folder's."""
     from vatra.resilience import open_store  # torch: imported only by the ckpt commands
 
     rd = RunDir(run_dir)
     if not rd.config.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no config.toml); pass runs/<run-id>")
-    return open_store(load_config(rd.config).store, rd.checkpoints)
+    return open_store(load_config(rd.config).store, rd.checkpoints, sub=sub)
 
 
 def _when(t: float) -> str:
@@ -42,9 +47,9 @@ def _when(t: float) -> str:
 
 
 @ckpt_app.command("list")
-def ckpt_list(run_dir: Path = RUN_DIR) -> None:
+def ckpt_list(run_dir: Path = RUN_DIR, sub: str = SUB) -> None:
     """Versions, oldest first, with step, parent, tags, size and metrics."""
-    scan = _store(run_dir).scan()
+    scan = _store(run_dir, sub).scan()
     tags: dict[str, list[str]] = {}
     for tag, version in scan.tags.items():
         tags.setdefault(version, []).append(tag)
@@ -70,9 +75,11 @@ def ckpt_list(run_dir: Path = RUN_DIR) -> None:
 
 
 @ckpt_app.command("show")
-def ckpt_show(run_dir: Path = RUN_DIR, version: str = typer.Argument(..., help="Version id or tag.")) -> None:
+def ckpt_show(
+    run_dir: Path = RUN_DIR, version: str = typer.Argument(..., help="Version id or tag."), sub: str = SUB
+) -> None:
     """One version's manifest (JSON), with the tags that point at it now."""
-    store = _store(run_dir)
+    store = _store(run_dir, sub)
     manifest = store.manifest(version)
     manifest["current_tags"] = sorted(t for t, v in store.tags().items() if v == manifest["version"])
     print(json.dumps(manifest, indent=2))
@@ -80,12 +87,14 @@ def ckpt_show(run_dir: Path = RUN_DIR, version: str = typer.Argument(..., help="
 
 @ckpt_app.command("rollback")
 def ckpt_rollback(
-    run_dir: Path = RUN_DIR, version: str = typer.Argument(..., help="Version id or tag to return to.")
+    run_dir: Path = RUN_DIR,
+    version: str = typer.Argument(..., help="Version id or tag to return to."),
+    sub: str = SUB,
 ) -> None:
     """Point 'latest' at VERSION (after verifying it): the next resume starts there."""
     from vatra.resilience import LATEST
 
-    store = _store(run_dir)
+    store = _store(run_dir, sub)
     with RunDir(run_dir).lock("vatra ckpt rollback"):  # a running job would move 'latest' again
         target = store.resolve(version)
         problems = store.verify(target)
@@ -101,9 +110,10 @@ def ckpt_rollback(
 def ckpt_verify(
     run_dir: Path = RUN_DIR,
     repair: bool = typer.Option(False, "--repair", help="Rewrite lost or corrupt erasure-coded shards."),
+    sub: str = SUB,
 ) -> None:
     """Check every manifest, tag and object (and shard checksums); exit 1 on any problem."""
-    store = _store(run_dir)
+    store = _store(run_dir, sub)
     if repair:
         repaired, failed = store.repair()
         for line in repaired:
@@ -148,12 +158,13 @@ def remove_work_leftovers(run_dir: Path) -> bool:
 def ckpt_gc(
     run_dir: Path = RUN_DIR,
     keep: int = typer.Option(..., "--keep", help="Newest versions to keep (tagged ones are always kept)."),
+    sub: str = SUB,
 ) -> None:
     """Delete old versions, the objects no kept version references, and leftovers of dead saves.
 
     Deletes nothing when a manifest or tag cannot be read (see 'vatra ckpt verify').
     """
-    store = _store(run_dir)
+    store = _store(run_dir, sub)
     with RunDir(run_dir).lock("vatra ckpt gc"):  # a running job's staged save is no leftover
         deleted, objects = store.gc(keep)
         staged = remove_work_leftovers(run_dir)

@@ -113,7 +113,7 @@ class FederatedServer:
         meta, arrays = self.strategy.state()
         facts = {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics}
         blob = encode({**facts, "hook": self.hook.state()}, {f"strategy.{k}": v for k, v in arrays.items()})
-        self.checkpoints.save(self.round, blob, metrics)  # a crash leaves the last round's version
+        self.checkpoints.save_round(self.round, blob, metrics)  # a crash leaves the last round's version
 
     def _resume(self) -> bool:
         found = self.checkpoints.newest()

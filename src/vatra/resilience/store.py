@@ -443,16 +443,34 @@ def hmac_key(cfg: StoreConfig) -> bytes | None:
     return value.encode()
 
 
-def open_store(cfg: StoreConfig, default_dir: Path) -> CheckpointStore:
+def open_store(cfg: StoreConfig, default_dir: Path, *, sub: str = "") -> CheckpointStore:
     """The store a ``store`` config section describes (``default_dir`` when ``url`` is empty).
 
     ``store.backend = "auto"`` is the erasure backend when ``[store.erasure]`` is set, else fsspec;
     any backend, built-in or a user's import string, is built by its ``from_config``. With
     ``store.hmac_key_env`` set, manifests and tags are signed and checked with that variable's key.
+    ``sub`` (a relative path such as ``"async/server-0"``): a store of its own in that folder of
+    every location (the url or default folder, each erasure node), for a process that must not
+    share the run's ``latest`` tag and gc with another.
     """
     name = cfg.backend
     if name == "auto":
         name = "erasure" if cfg.erasure is not None else "fsspec"
     cls: type[StoreBackend] = STORE_BACKENDS.load_class(name, StoreBackend, "store.backend")
     key = hmac_key(cfg)
-    return CheckpointStore(cls.from_config(cfg, cfg.url or str(default_dir.resolve())), hmac_key=key)
+    url = cfg.url or str(default_dir.resolve())
+    if sub:
+        url = _below(url, sub)
+        if cfg.erasure is not None:
+            nodes = [_below(node, sub) for node in cfg.erasure.nodes]
+            cfg = cfg.model_copy(update={"erasure": cfg.erasure.model_copy(update={"nodes": nodes})})
+    return CheckpointStore(cls.from_config(cfg, url), hmac_key=key)
+
+
+def _below(location: str, sub: str) -> str:
+    """``sub``'s folder in a directory or fsspec URL."""
+    if sub.startswith("/") or ".." in sub.split("/"):
+        raise StoreUsageError(
+            f"sub-store {sub!r}: give a relative path inside the store, such as 'async/server-0'"
+        )
+    return f"{location.rstrip('/')}/{sub.strip('/')}"

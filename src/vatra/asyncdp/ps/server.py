@@ -1,27 +1,40 @@
-"""A parameter server process: one thread per worker serving its link, the shard saved and its load
-logged."""
+"""A parameter server process: one thread per worker serving its link, the shard saved as versions
+of its own checkpoint store and its load logged."""
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from vatra._io import atomic_write
 from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, WIRE, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.shard import Reply, ShardServer
 from vatra.config import Config
+from vatra.errors import VatraError
 from vatra.resilience.chaos import StepKill
+from vatra.resilience.checkpoint.one_file import OneFileVersions
+from vatra.resilience.store import open_store
 from vatra.rundir import RunDir, append_jsonl
+
+SHARD = "shard.pt"  # a version's one file: ``torch.save`` of {"numels", "shard"}
+
+
+def shard_store(index: int) -> str:
+    """Server ``index``'s own store, this folder of the run's ``[store]``: servers must not share
+    one (each save moves ``latest`` and prunes what the server's own versions do not reference)."""
+    return f"async/server-{index}"
 
 
 class Server:
-    """Server ``index``: one thread per worker serving its link, saving the shard to
-    ``<run>/checkpoints/async/server-<index>.pt`` every ``checkpoint.every_steps`` × workers updates
-    and at the end, and writing its load to ``<run>/servers/server-<index>.jsonl`` every second."""
+    """Server ``index``: one thread per worker serving its link, saving the shard as a version of
+    its own store (:func:`shard_store`; step = the shard's version) every ``checkpoint.every_steps``
+    × workers updates and at the end, and writing its load to ``<run>/servers/server-<index>.jsonl``
+    every second."""
 
     def __init__(
         self, cfg: Config, index: int, workers: int, store: dist.Store, run_dir: RunDir, incarnation: int
@@ -34,7 +47,16 @@ class Server:
         self.layout_lock = threading.Lock()
         self.done: set[int] = set()
         self.finished = threading.Condition()
-        self.path = run_dir.checkpoints / "async" / f"server-{index}.pt"
+        sub = shard_store(index)
+        self.checkpoints = OneFileVersions(
+            open_store(cfg.store, run_dir.checkpoints, sub=sub),
+            SHARD,
+            partial(run_dir.log_event, server=index),
+            keep_last=cfg.checkpoint.keep_last,
+            legacy=run_dir.checkpoints / "async" / f"server-{index}.pt",  # before the store: read once
+            what=f"parameter server {index}'s shard",
+            verify_hint=f"vatra ckpt verify RUN --sub {sub}",
+        )
         self.log = run_dir.path / "servers" / f"server-{index}.jsonl"
         every = cfg.checkpoint.every_steps if isinstance(cfg.checkpoint.every_steps, int) else 25
         self.save_every = every * workers if cfg.checkpoint.enabled else 0
@@ -45,18 +67,7 @@ class Server:
         self.errors: list[str] = []
 
     def run(self) -> None:
-        saved = torch.load(self.path, weights_only=True) if self.path.exists() else None
-        if saved is not None:
-            self._layout(list(saved["numels"]))
-            assert self.shard is not None
-            self.shard.load_state_dict(saved["shard"])
-            self.saved_version = self.shard.version
-            self.run_dir.log_event(
-                "async_server_resumed",
-                server=self.index,
-                version=self.shard.version,
-                incarnation=self.incarnation,
-            )
+        self.resume()
         self.kill.skip_fired()
         publish_incarnation(self.store, f"server{self.index}", self.incarnation)
         # every worker, also one that said goodbye before a restart: it says it again on its new link
@@ -72,8 +83,35 @@ class Server:
             if self.errors:  # a worker's thread failed: restart from the last saved shard
                 raise RuntimeError(self.errors[0])
             self._log_load()
-        self._save()
+        self.save()
         self._log_load(final=True)
+
+    def resume(self) -> bool:
+        """Load the newest intact saved shard (parameters, optimizer state, version); False when
+        there is none (a fresh start). A version whose manifest or object is damaged is passed over
+        for its parent (logged as ``checkpoint_corrupt``)."""
+        found = self.checkpoints.newest()
+        if found is None:
+            return False
+        where, blob = found
+        try:
+            saved = torch.load(io.BytesIO(blob), weights_only=True)
+            self._layout(list(saved["numels"]))
+            assert self.shard is not None
+            self.shard.load_state_dict(saved["shard"])
+        except (RuntimeError, KeyError, TypeError, EOFError) as err:
+            raise VatraError(
+                f"parameter server {self.index}'s shard {where} is unreadable ({type(err).__name__}: "
+                f"{err}); restore it, or move the run's checkpoints away to start this run folder over"
+            ) from None
+        self.saved_version = self.shard.version
+        self.run_dir.log_event(
+            "async_server_resumed",
+            server=self.index,
+            version=self.shard.version,
+            incarnation=self.incarnation,
+        )
+        return True
 
     def _layout(self, numels: list[int]) -> None:
         with self.layout_lock:
@@ -155,7 +193,7 @@ class Server:
         if self.save_every and version - self.saved_version >= self.save_every:
             with self.save_lock:  # one thread saves; the others' updates wait for the next save
                 if version - self.saved_version >= self.save_every:
-                    self._save()
+                    self.save()
         self.kill.at(version)  # chaos.kill_at_steps, counted in this shard's updates
 
     def _finish(self, worker: int) -> None:
@@ -165,14 +203,15 @@ class Server:
             self.finished.notify_all()
             self.finished.wait_for(lambda: len(self.done) == self.workers)
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """The shard as a new version of this server's store (step = its version); then pruned."""
         if self.shard is None or not self.cfg.checkpoint.enabled:
             return
         shard = self.shard.state_dict()
-        state = {"numels": self.numels, "shard": shard}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # durable: a restarted server resumes from this file (the shard is the async run's checkpoint)
-        atomic_write(self.path, lambda f: torch.save(state, f), durable=True)
+        blob = io.BytesIO()
+        torch.save({"numels": self.numels, "shard": shard}, blob)
+        # a restarted server resumes from this version (the shards are the async run's checkpoint)
+        self.checkpoints.save(int(shard["version"]), blob.getvalue(), reason="shard")
         self.saved_version = int(shard["version"])
 
     def _log_load(self, final: bool = False) -> None:
