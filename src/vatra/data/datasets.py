@@ -12,6 +12,7 @@ from vatra.data._base import DataContext, Datasets, DatasetSpec
 from vatra.data._split import Split
 from vatra.data._text import stdlib_corpus
 from vatra.data.infer import user_datasets
+from vatra.data.stratify import bundled_digits, stratified_split
 from vatra.errors import ConfigError
 from vatra.registry import DATASETS, call_with
 
@@ -23,10 +24,8 @@ def _classification_splits(
     x: np.ndarray, y: np.ndarray, cfg: DataConfig, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Stratified train/val split, so both halves keep the class balance."""
-    from sklearn.model_selection import train_test_split  # scikit-learn loads only for these sources
-
-    x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=cfg.val_fraction, random_state=seed, stratify=y)
-    return x_tr, x_va, y_tr, y_va
+    train, val = stratified_split(y, cfg.val_fraction, seed)
+    return x[train], x[val], y[train], y[val]
 
 
 def _to_split(x: np.ndarray, y: np.ndarray) -> Split:
@@ -37,11 +36,9 @@ def _to_split(x: np.ndarray, y: np.ndarray) -> Split:
 
 def digits(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """sklearn's bundled 8x8 digits: 1797 samples, 64 pixels scaled to [0, 1], 10 classes."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = bunch.data.astype(np.float32) / 16.0  # pixel values are 0..16
-    x_tr, x_va, y_tr, y_va = _classification_splits(x, bunch.target, cfg, ctx.seed)
+    pixels, target = bundled_digits()
+    x = pixels.astype(np.float32) / 16.0  # pixel values are 0..16
+    x_tr, x_va, y_tr, y_va = _classification_splits(x, target, cfg, ctx.seed)
     spec = DatasetSpec("classification", (64,), 10, (1, 8, 8))
     return Datasets(_to_split(x_tr, y_tr), _to_split(x_va, y_va), spec)
 
