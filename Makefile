@@ -30,7 +30,10 @@ test: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=20
+	@# bytecode once: every process a test starts imports vatra, and with PYTHONDONTWRITEBYTECODE each
+	@# would compile it from source again
+	$(BIN)/python -m compileall -q -j 0 src tests
+	$(BIN)/python -m pytest -q -n 4 --dist loadgroup --durations=20
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .

@@ -43,7 +43,10 @@ def rendezvous(folder: Path, name: str = "rdzv") -> str:
 
 # What the forkserver imports once per test process, so a spawned rank starts in ~0.02 s instead of
 # the ~3 s of CPU a fresh interpreter spends importing torch, vatra and the test module again.
-_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "vatra.worker", "tests._dist"]
+_PRELOAD = [
+    *("torch", "torch.distributed", "torch.distributed.checkpoint", "vatra.worker", "tests._dist"),
+    *("sklearn.datasets", "sklearn.model_selection", "matplotlib"),  # the digits data, the report
+]
 
 
 def _rank(rank: int, env: dict[str, str], fn: Callable[..., Any], *args: Any) -> None:

@@ -20,6 +20,20 @@ from vatra.config import Config, config_from_dict
 from vatra.data._base import DatasetSpec
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow(seconds)`` run first, the slowest first, the rest in file order.
+
+    xdist (``-n N --dist loadgroup``) hands tests out in collection order (the ``xdist_group``s
+    first): a slow test handed out last keeps one worker busy after the others are done. The
+    seconds are a test's time in a full parallel run (the table in docs/architecture.md)."""
+
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+    items.sort(key=seconds, reverse=True)  # stable: unmarked tests keep their order
+
+
 def small_config(**sections: dict) -> Config:
     """Digits + small MLP + SGD, quiet: fast enough for unit tests."""
     raw: dict = {

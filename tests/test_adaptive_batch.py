@@ -99,6 +99,7 @@ def _run(run: Path, *sets: str) -> None:
     train_ranks(run, *common, *sets)  # 2 ranks, the workers vatra train starts
 
 
+@pytest.mark.slow(47)
 def test_an_out_of_memory_rank_is_recovered_on_all_ranks_and_the_redone_step_is_exact(tmp_path: Path) -> None:
     """Two ranks under bf16 autocast; rank 1 has memory for 12 samples and starts with 16: its first
     forward pass runs out of memory, both ranks drop the step, rank 1 is capped at 8, and the step is

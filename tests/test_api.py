@@ -108,6 +108,7 @@ def test_fit_refuses_val_without_train(tmp_path: Path) -> None:
         vatra.fit(_config(), val=Pairs(8, 0), run_dir=tmp_path / "run")
 
 
+@pytest.mark.slow(43)
 def test_vatra_run_launches_a_users_script_on_two_processes(tmp_path: Path) -> None:
     # Execute: the example script, 2 gloo ranks, its own arguments after --
     out = run_vatra(

@@ -109,6 +109,7 @@ def test_h1_equals_single_process_and_streaming_ends_in_step(tmp_path: Path) -> 
     assert sum(m["comm_bytes"] for m in a["metrics"] if m["synced"]) == 2 * fp16_bytes
 
 
+@pytest.mark.slow(14)
 def test_hybrid_h1_equals_single_process(tmp_path: Path) -> None:
     # 4 ranks in 2 groups of 2: DDP inside each group, DiLoCo (outer SGD at lr 1, H = 1) across
     hybrid = {**MODES["diloco"], "dist": {"mode": "hybrid"}, "hybrid": {"group_size": 2}}
@@ -165,6 +166,7 @@ RESUMED = {
 }
 
 
+@pytest.mark.slow(71)
 def test_diloco_and_local_sgd_resume_repeats_losses_and_weights(tmp_path: Path) -> None:
     # Prepare: per mode, a 2-rank run of 30 steps, and a copy of it rewound to its step-10 save, in
     # the middle of a round (the ranks' parameters differ there): as if it had died after step 15

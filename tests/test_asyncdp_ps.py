@@ -102,6 +102,7 @@ def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
     return start_vatra("train", "examples/digits.toml", "--nproc", "3", "--run-dir", str(run), *args)
 
 
+@pytest.mark.slow(78)
 def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: Path) -> None:
     # Prepare: 2 workers and a server; one run loses worker 1 after its step 15, the other loses the
     # server at its 25th update (it saved its shard at update 20: every 10 steps × 2 workers)

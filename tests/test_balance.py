@@ -127,6 +127,7 @@ def _worker(rank: int, world: int, batches: list[int], init_file: str, out_dir: 
 
 
 @pytest.mark.parametrize("batches", [[5, 11], [3, 7, 6]])
+@pytest.mark.slow(40)
 def test_uneven_batches_equal_one_process_on_the_union_batch(tmp_path: Path, batches: list[int]) -> None:
     world = len(batches)
     spawn(_worker, world, (world, batches, str(tmp_path / "rdzv"), str(tmp_path)))
@@ -161,6 +162,7 @@ def test_a_plain_mean_of_uneven_batches_would_differ() -> None:
 
 
 # ------------------------------------------------------- the real balancer
+@pytest.mark.slow(46)
 def test_proportional_moves_samples_to_the_fast_rank(tmp_path: Path) -> None:
     """Three real processes, rank 2 computing 4× slower: the balancer gives it the smallest batch,
     every decision is recorded, and the losses stay finite."""
@@ -236,6 +238,7 @@ def test_a_learned_policy_is_never_slower_than_static_by_the_models() -> None:
     assert simulate(agent_decider(Contrarian(), cfg), **opts) >= simulate(static_decider, **opts) - 0.01
 
 
+@pytest.mark.slow(55)
 def test_ppo_trained_in_the_simulator_matches_proportional_there(tmp_path: Path) -> None:
     pytest.importorskip("stable_baselines3")
     from vatra.balance.ppo import compare, load_agent, train_agent
@@ -276,6 +279,7 @@ def test_train_agent_command_saves_a_policy_and_scores_it(
     assert code == 2 and "needs balance.policy" in err.strip().splitlines()[-1]
 
 
+@pytest.mark.slow(29)
 def test_a_balanced_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     """Uneven static split on 2 ranks, resumed from the step-10 checkpoint (a copy of the clean run
     rewound there, as after a death at step 15): the global data position and split are restored and

@@ -30,6 +30,7 @@ def check_run_folder(run: Path, steps: int, world_size: int) -> list[dict]:
     return lines
 
 
+@pytest.mark.slow(23)
 def test_train_two_processes_end_to_end(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = run_vatra(
@@ -45,6 +46,7 @@ def test_train_two_processes_end_to_end(tmp_path: Path) -> None:
     assert "done: 60 steps" in proc.stdout
 
 
+@pytest.mark.slow(18)
 def test_worker_runs_under_plain_torchrun(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cmd = [
@@ -58,6 +60,7 @@ def test_worker_runs_under_plain_torchrun(tmp_path: Path) -> None:
     check_run_folder(run, 12, 2)
 
 
+@pytest.mark.slow(26)
 def test_two_nodes_rendezvous_like_torchrun(tmp_path: Path) -> None:
     """Two elastic agents (one per "node", 1 process each) meet at a c10d rendezvous."""
     endpoint = f"127.0.0.1:{free_port()}"

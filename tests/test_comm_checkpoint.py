@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tests._dist import rewind, train_ranks
 
 from vatra.rundir import read_jsonl
@@ -28,6 +29,7 @@ SETS = [
 ]
 
 
+@pytest.mark.slow(19)
 def test_a_resumed_compressed_run_repeats_the_uninterrupted_one(tmp_path: Path) -> None:
     # Prepare: an uninterrupted 16-step run that checkpoints every 4 steps
     run, again = tmp_path / "run", tmp_path / "again"

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from tests._dist import spawn
@@ -134,6 +135,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         ctx.destroy()
 
 
+@pytest.mark.slow(17)
 def test_hooks_equal_ddp_and_compressed_training_matches(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(out)))

@@ -128,6 +128,7 @@ def _example_worker(rank: int, init_file: str, out: str, methods: list[str]) -> 
         ctx.destroy()
 
 
+@pytest.mark.slow(24)
 def test_methods_with_only_the_method_set_end_within_a_point_on_digits(tmp_path: Path) -> None:
     """examples/digits.toml (AdamW, 300 steps) on 2 ranks, one method per family: a cast (fp16), a
     sparsifier (topk), a quantizer (onebit) and low rank (powersgd). Before the recipes topk ended 3.6

@@ -103,6 +103,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-
         time.sleep(0.1)
 
 
+@pytest.mark.slow(26)
 def test_client_killed_mid_round_the_round_completes_with_the_others(tmp_path: Path, certs: Path) -> None:
     # Prepare: 3 clients, at least 2 per round; client 2 is a process that dawdles before uploading.
     # A 10 s join grace (heartbeat 0.5 s × 20): the two client threads must both be in round 1,
@@ -130,6 +131,7 @@ def test_client_killed_mid_round_the_round_completes_with_the_others(tmp_path: P
     assert summary["rounds"] == 2 and [c.join_result(30) for c in fast] == [2, 2]
 
 
+@pytest.mark.slow(14)
 def test_server_killed_and_restarted_resumes_at_the_right_round(tmp_path: Path, certs: Path) -> None:
     # Prepare: a server process and two clients that take ≥ 0.5 s per round.
     cfg = _cfg(clients=2, rounds=4, min_clients=2)

@@ -172,6 +172,7 @@ def test_two_owners_with_their_own_csv_over_tls_and_a_server_with_its_own_held_o
     assert sorted(e["rows"] for e in joins) == sorted(n - round(0.2 * n) for n in sizes.values())
 
 
+@pytest.mark.slow(13)
 def test_a_client_whose_data_does_not_fit_the_model_is_refused_in_one_line(tmp_path: Path) -> None:
     from tests._fl_helpers import start_client, start_server
 

@@ -35,6 +35,7 @@ def test_every_target_has_a_mutation_budget() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="atheris (dev extra) not installed")
+@pytest.mark.slow(21)
 def test_a_target_runs_coverage_guided_under_atheris(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     flags = ["-max_total_time=2", "-rss_limit_mb=2048", "-timeout=10", f"-artifact_prefix={tmp_path}/"]

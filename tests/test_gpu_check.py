@@ -39,6 +39,7 @@ def test_the_largest_size_whose_estimate_fits_is_chosen(capsys: pytest.CaptureFi
     assert "estimate GiB" in capsys.readouterr().out
 
 
+@pytest.mark.slow(47)
 def test_smoke_runs_every_part_on_the_cpu() -> None:
     """~15 s: precision through the Trainer, the size step-down after a pretended out-of-memory, plain
     loop against the Trainer with MFU, FSDP on one gloo rank."""

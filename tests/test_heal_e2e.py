@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from tests._dist import train_ranks
 
 from vatra.rundir import read_jsonl
@@ -14,6 +15,7 @@ QUIET = ["run.progress=off", "run.tensorboard=false", "monitor.report=false"]
 SPIKE = ["chaos.lr_spike_at=[60,150]"]  # the flagship's 300 steps, LR × 100 for 10 steps each
 
 
+@pytest.mark.slow(36)
 def test_lr_spikes_diverge_without_healing_and_recover_with_it(tmp_path: Path) -> None:
     # Prepare / Execute: the same 2-rank run clean, with two spikes and no healing (these two side by
     # side, each on its own free port), then with the spikes and healing plus a slow rank 1, which
@@ -38,6 +40,7 @@ def test_lr_spikes_diverge_without_healing_and_recover_with_it(tmp_path: Path) -
     assert "rollback" not in clean.get("heal_actions", {})  # no false rollbacks on the clean run
 
 
+@pytest.mark.slow(14)
 def test_faults_under_gradient_compression_heal_once(tmp_path: Path) -> None:
     # Prepare / Execute: error feedback (topk's residuals, PowerSGD's error and warm-start factors)
     # sees every gradient in backward, before a policy can skip the step. A NaN gradient at step 120

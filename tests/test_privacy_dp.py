@@ -129,6 +129,7 @@ def _rounds(cfg, rounds: int):
     return cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"rounds": rounds})})
 
 
+@pytest.mark.slow(26)
 def test_resume_restores_sample_level_accountants_and_the_adaptive_clip_norm(tmp_path: Path) -> None:
     # Prepare: DP-SGD (one accountant per client) and DP-FedAvg with adaptive clipping, each run
     # once straight through and once stopped after round 2 and resumed from its checkpoint

@@ -37,6 +37,7 @@ def _events(run: Path, kind: str) -> list[dict]:
     return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
 
 
+@pytest.mark.slow(54)
 def test_a_full_disk_mid_save_keeps_the_last_version_stops_in_one_line_and_resumes(disk: Path) -> None:
     # Prepare
     run = disk / "run"

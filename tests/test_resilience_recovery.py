@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from tests._dist import events, final_weights, start_training
 
@@ -15,6 +16,7 @@ from vatra.resilience import LATEST, open_store
 from vatra.rundir import read_jsonl
 
 
+@pytest.mark.slow(48)
 def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> None:
     # Prepare: the same 30-step run twice, side by side; one loses rank 1 to SIGKILL after step 15
     steps = ["--set", "train.steps=30", "--set", "checkpoint.every_steps=10"]
@@ -48,6 +50,7 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow(25)
 def test_sigterm_saves_a_checkpoint_before_exit(tmp_path: Path) -> None:
     # Prepare: a long run with no periodic checkpoints
     run = tmp_path / "run"

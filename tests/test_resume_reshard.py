@@ -186,6 +186,7 @@ def _run(world: int, run: Path, stop_at: int = 0) -> list[list[dict[str, Any]]]:
     return [read_jsonl(run / f"ids-w{world}-r{r}.jsonl") for r in range(world)]
 
 
+@pytest.mark.slow(17)
 def test_resume_from_4_ranks_on_3_and_on_2_sees_every_sample_of_the_epoch_once(tmp_path: Path) -> None:
     # Prepare: 4 ranks stop after step 4 (16 of each rank's 24 samples): the final save is at step 4
     run = tmp_path / "run"

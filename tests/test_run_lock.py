@@ -120,6 +120,7 @@ def test_a_killed_launcher_leaves_no_lock_even_while_its_worker_lives(tmp_path: 
         proc.communicate(timeout=30)
 
 
+@pytest.mark.slow(14)
 def test_node_launchers_of_one_job_share_the_folder(tmp_path: Path) -> None:
     """Two elastic agents of one job (same --rdzv-id and --rdzv-endpoint) on one shared --run-dir."""
     run = tmp_path / "run"

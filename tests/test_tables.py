@@ -164,6 +164,7 @@ def test_show_and_diff_count_rows_added_and_removed(tmp_path: Path, capsys) -> N
     assert code == 0 and "version 0: 100 rows, 5 columns" in out
 
 
+@pytest.mark.slow(16)
 def test_run_pinned_to_a_version_reads_the_same_rows_after_a_new_ingest(tmp_path: Path, capsys) -> None:
     import vatra
 

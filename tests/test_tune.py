@@ -102,6 +102,7 @@ def test_mlp_width_depth_activation_override_hidden() -> None:
 # ----------------------------------------------------------------------------- studies
 
 
+@pytest.mark.slow(46)
 def test_study_end_to_end_with_two_workers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,6 +147,7 @@ def test_study_end_to_end_with_two_workers(
     assert summary["val_accuracy"] == data["best"]["value"]
 
 
+@pytest.mark.slow(26)
 def test_killed_study_resumes_without_duplicate_trials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -235,6 +237,7 @@ def test_a_failing_trial_is_recorded_and_the_study_goes_on(tmp_path: Path) -> No
     assert study.trials[1].user_attrs["error"] == "ValueError: width 1000 is too wide for this test"
 
 
+@pytest.mark.slow(12)
 def test_epochs_size_each_trial_by_its_batch_size_and_best_keeps_them(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -278,6 +281,7 @@ def test_timeout_stops_asking_for_trials(tmp_path: Path) -> None:
     assert 1 <= len(states) < 10_000 and set(states) == {"COMPLETE"}
 
 
+@pytest.mark.slow(23)
 def test_a_trial_can_be_a_two_rank_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # Prepare: one trial of two ranks, pruned by the median pruner's rules on rank 0's reports

@@ -100,6 +100,7 @@ def no_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "pgpass"
 
 
+@pytest.mark.slow(40)
 def test_two_workers_and_a_joining_one_complete_a_study_on_postgres_and_its_password_leaks_nowhere(
     tmp_path: Path,
     postgres: Server,

@@ -172,6 +172,7 @@ def test_bad_user_input_fails_before_any_worker_starts(
         ),
     ],
 )
+@pytest.mark.slow(17)
 def test_bad_user_code_found_in_the_workers_is_still_one_line(
     tmp_path: Path, override: str, nproc: str, expected: str
 ) -> None:
@@ -182,6 +183,7 @@ def test_bad_user_code_found_in_the_workers_is_still_one_line(
     assert expected in _one_error_line(out)
 
 
+@pytest.mark.slow(15)
 def test_bad_data_is_one_line_and_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     # NaN values name the column and their count (found in the worker, which reads the rows)
     config = _project(tmp_path / "project")
