@@ -119,7 +119,9 @@ def start_vatra(
     )
 
 
-TRAIN_2 = ["--nproc", "2", "--set", "run.tensorboard=false", "--set", "run.progress=plain"]
+# report.html costs ~2 s of CPU per run; the report tests write their own
+TRAIN_2 = ["--nproc", "2", *("--set", "run.tensorboard=false", "--set", "run.progress=plain")]
+TRAIN_2 += ["--set", "monitor.report=false"]
 
 
 def start_training(run: Path, *args: str) -> subprocess.Popen[str]:
@@ -159,8 +161,9 @@ def train_ranks(
 ) -> dict:
     """``vatra train CONFIG --nproc WORLD`` without the command line or the elastic agent: the run
     folder and its config.toml as the command writes them, then ``vatra.worker`` in ``world`` spawned
-    ranks meeting on a free port. Returns the run's summary.json. ``sets`` are ``section.key=value``."""
-    cfg = load_config(config, list(sets), run="train")
+    ranks meeting on a free port. Returns the run's summary.json. ``sets`` are ``section.key=value``
+    (no report.html unless they ask for one)."""
+    cfg = load_config(config, ["monitor.report=false", *sets], run="train")  # the report tests write theirs
     RunDir(run).create().config.write_text(dump_toml(cfg))
     spawn(_train_rank, world, (world, free_port(), str(run / "config.toml"), str(run)))
     return dict(json.loads((run / "summary.json").read_text()))
