@@ -39,12 +39,27 @@ def test_the_largest_size_whose_estimate_fits_is_chosen(capsys: pytest.CaptureFi
     assert "estimate GiB" in capsys.readouterr().out
 
 
-@pytest.mark.slow(47)
+SHORT = [
+    "--steps",
+    "20",
+    "--warmup",
+    "4",
+    "--reps",
+    "1",
+    "--throughput-steps",
+    "6",
+    "--throughput-warmup",
+    "2",
+]
+
+
+@pytest.mark.slow(30)
 def test_smoke_runs_every_part_on_the_cpu() -> None:
     """~15 s: precision through the Trainer, the size step-down after a pretended out-of-memory, plain
     loop against the Trainer with MFU, FSDP on one gloo rank."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke"],
+        # fewer steps than the script's smoke defaults: the parts run through, not to a figure
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", *SHORT],
         capture_output=True,
         text=True,
         timeout=300,
