@@ -10,7 +10,10 @@ from typer.exceptions import TyperException
 from vatra import __version__
 from vatra.errors import VatraError
 
+# rich_markup_mode=None on every Typer: help is printed as written (rich markup would swallow
+# bracketed words such as [tune.space]) and paragraphs are re-wrapped to the terminal.
 app = typer.Typer(
+    rich_markup_mode=None,
     help="vatra: distributed PyTorch training that keeps going, sends few bytes and keeps data private.",
     no_args_is_help=True,
     add_completion=False,

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
     from vatra.data.tables.delta import Table
 
 data_app = typer.Typer(
+    rich_markup_mode=None,
     help="Versioned training tables (Delta Lake): ingest, log, show, diff, schema, drift.",
     no_args_is_help=True,
 )
-schema_app = typer.Typer(help="The schema pinned beside a table.", no_args_is_help=True)
+schema_app = typer.Typer(
+    rich_markup_mode=None, help="The schema pinned beside a table.", no_args_is_help=True
+)
 data_app.add_typer(schema_app, name="schema")
 app.add_typer(data_app, name="data")
 

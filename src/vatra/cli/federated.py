@@ -13,7 +13,9 @@ from vatra.rundir import RunDir, new_run_id
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
 
-fl_app = typer.Typer(help="Federated deployment over gRPC with TLS.", no_args_is_help=True)
+fl_app = typer.Typer(
+    rich_markup_mode=None, help="Federated deployment over gRPC with TLS.", no_args_is_help=True
+)
 app.add_typer(fl_app, name="fl")
 
 
