@@ -20,6 +20,13 @@ from vatra.config import Config, config_from_dict
 from vatra.data._base import DatasetSpec
 
 
+def pytest_report_header() -> str:
+    """The run's first lines say which PyTorch the suite tested (pyproject.toml accepts a range)."""
+    import torch
+
+    return f"torch {torch.__version__}"
+
+
 def small_config(**sections: dict) -> Config:
     """Digits + small MLP + SGD, quiet: fast enough for unit tests."""
     raw: dict = {
