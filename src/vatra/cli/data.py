@@ -71,6 +71,13 @@ def _table(uri: str, config: Path | None, options: list[str]) -> Table:
     return Table.at(uri, opts)
 
 
+def _beside(target: Table, name: str) -> Path:
+    """A side file's default place: the folder holding a local table, the current folder for s3://."""
+    from vatra.data.tables.delta import is_remote
+
+    return Path(name) if is_remote(target.uri) else Path(target.uri).parent / name
+
+
 def _when(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -303,7 +310,12 @@ def drift(
         str | None, typer.Option("--source-column", help="Also compare per source (a supplier, a site).")
     ] = None,
     html: Annotated[
-        Path | None, typer.Option("--html", help="The HTML page (default: drift-v<N>-<what>.html).")
+        Path | None,
+        typer.Option(
+            "--html",
+            help="The HTML page (default: drift-v<N>-<what>.html beside a local table, "
+            "in the current folder for s3://).",
+        ),
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON.")] = None,
     config: ConfigOpt = None,
@@ -360,7 +372,7 @@ def drift(
     _console().print(out)
     for column, why in report.skipped.items():
         print(f"  skipped {column}: {why}")
-    page = html or Path(f"drift-v{against}-{what}.html")
+    page = html or _beside(target, f"drift-v{against}-{what}.html")
     write_html(report, reference, current, page, title=f"{target.uri}: v{against} against {label}")
     if json_out is not None:
         try:
