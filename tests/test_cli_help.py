@@ -76,3 +76,14 @@ def test_every_command_prints_help_without_markup() -> None:
         assert getattr(cmd, "rich_markup_mode", None) is None, (
             f"vatra {' '.join(path)}: rich_markup_mode is set"
         )
+
+
+@pytest.mark.parametrize("group", [(), ("fl",), ("data", "schema")], ids=lambda p: " ".join(("vatra", *p)))
+def test_a_group_without_arguments_prints_its_help_not_an_error(
+    capsys: pytest.CaptureFixture[str], group: tuple[str, ...]
+) -> None:
+    # Execute
+    code, out, err = vatra_in_process(capsys, *group)
+    # Assert: the help on stdout, exit 2 (no command given), nothing on stderr
+    assert code == 2 and err == ""
+    assert out.startswith(f"Usage: {' '.join(('vatra', *group))} [OPTIONS] COMMAND") and "Commands:" in out
