@@ -2,7 +2,8 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-# pip must take the CPU wheel of torch that lies on this machine's disk: pin it exactly, first.
+# pip must take the CPU wheel of torch that lies on this machine's disk: pin it exactly, first. This is
+# the release CI tests; pyproject.toml accepts any release in the range the code supports.
 TORCH := torch==2.13.0
 
 .PHONY: run test lint bench bench-flower clean

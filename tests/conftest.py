@@ -34,6 +34,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=seconds, reverse=True)  # stable: unmarked tests keep their order
 
 
+def pytest_report_header() -> str:
+    """The run's first lines say which PyTorch the suite tested (pyproject.toml accepts a range)."""
+    import torch
+
+    return f"torch {torch.__version__}"
+
+
 def small_config(**sections: dict) -> Config:
     """Digits + small MLP + SGD, quiet: fast enough for unit tests."""
     raw: dict = {

@@ -346,9 +346,11 @@ def test_bad_owner_inputs_are_one_error_line_and_exit_2(
           "--set", 'federated.partition.method="file"'], "set clients = 1"),
         (["federate", example, "--set", "federated.local_epochs=-1"], "local_epochs"),
         (["fl", "client", "--server", "127.0.0.1:1", "--client-id", "0", "--config", example,
-          "--certs", certs, "--data", str(tmp_path / "missing.csv")], "no such file"),
+          "--certs", certs, "--data", str(tmp_path / "missing.csv")],
+         f"--data {tmp_path / 'missing.csv'}: no such file"),
         (["fl", "server", example, "--address", "127.0.0.1:0", "--certs", certs,
-          "--run-dir", str(tmp_path / "run"), "--eval-data", str(tmp_path / "missing.csv")], "no such file"),
+          "--run-dir", str(tmp_path / "run"), "--eval-data", str(tmp_path / "missing.csv")],
+         f"--eval-data {tmp_path / 'missing.csv'}: no such file"),
     ]  # fmt: skip
     for args, needle in cases:
         with pytest.raises(SystemExit) as exit_info:

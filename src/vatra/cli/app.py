@@ -10,7 +10,10 @@ from typer.exceptions import TyperException
 from vatra import __version__
 from vatra.errors import VatraError
 
+# rich_markup_mode=None on every Typer: help is printed as written (rich markup would swallow
+# bracketed words such as [tune.space]) and paragraphs are re-wrapped to the terminal.
 app = typer.Typer(
+    rich_markup_mode=None,
     help="vatra: distributed PyTorch training that keeps going, sends few bytes and keeps data private.",
     no_args_is_help=True,
     add_completion=False,
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         fail("aborted", 130)
     except TyperException as e:  # usage errors: unknown option, missing argument, bad type
-        if not e.format_message():  # no arguments at all: the help was printed
+        if type(e).__name__ == "NoArgsIsHelpError":  # no arguments at all: its message is the help
+            print(e.format_message(), flush=True)
             raise SystemExit(2) from None
         ctx = getattr(e, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""

@@ -10,7 +10,9 @@ from vatra._extras import require
 from vatra.cli.app import app, fail
 
 balance_app = typer.Typer(
-    help="Per-rank batches on mixed hardware: the learned balancer.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Per-rank batches on mixed hardware: the learned balancer.",
+    no_args_is_help=True,
 )
 app.add_typer(balance_app, name="balance")
 

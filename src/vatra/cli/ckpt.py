@@ -21,7 +21,9 @@ from vatra.rundir import RunDir
 if TYPE_CHECKING:
     from vatra.resilience import CheckpointStore
 
-ckpt_app = typer.Typer(help="Inspect and manage a run's checkpoint store.", no_args_is_help=True)
+ckpt_app = typer.Typer(
+    rich_markup_mode=None, help="Inspect and manage a run's checkpoint store.", no_args_is_help=True
+)
 app.add_typer(ckpt_app, name="ckpt")
 
 RUN_DIR = typer.Argument(..., help="Run folder (runs/<run-id>).")

@@ -10,6 +10,7 @@ from vatra.cli.app import app
 from vatra.launch.cluster import Cluster, ClusterSpec
 
 cluster_app = typer.Typer(
+    rich_markup_mode=None,
     help="A real multi-host cluster on one machine (network namespaces, shaped links; needs root).",
     no_args_is_help=True,
 )

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
     from vatra.data.tables.delta import Table
 
 data_app = typer.Typer(
+    rich_markup_mode=None,
     help="Versioned training tables (Delta Lake): ingest, log, show, diff, schema, drift.",
     no_args_is_help=True,
 )
-schema_app = typer.Typer(help="The schema pinned beside a table.", no_args_is_help=True)
+schema_app = typer.Typer(
+    rich_markup_mode=None, help="The schema pinned beside a table.", no_args_is_help=True
+)
 data_app.add_typer(schema_app, name="schema")
 app.add_typer(data_app, name="data")
 
@@ -66,6 +69,13 @@ def _table(uri: str, config: Path | None, options: list[str]) -> Table:
             )
         opts[key.strip()] = value.strip()
     return Table.at(uri, opts)
+
+
+def _beside(target: Table, name: str) -> Path:
+    """A side file's default place: the folder holding a local table, the current folder for s3://."""
+    from vatra.data.tables.delta import is_remote
+
+    return Path(name) if is_remote(target.uri) else Path(target.uri).parent / name
 
 
 def _when(t: float) -> str:
@@ -300,7 +310,12 @@ def drift(
         str | None, typer.Option("--source-column", help="Also compare per source (a supplier, a site).")
     ] = None,
     html: Annotated[
-        Path | None, typer.Option("--html", help="The HTML page (default: drift-v<N>-<what>.html).")
+        Path | None,
+        typer.Option(
+            "--html",
+            help="The HTML page (default: drift-v<N>-<what>.html beside a local table, "
+            "in the current folder for s3://).",
+        ),
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the report as JSON.")] = None,
     config: ConfigOpt = None,
@@ -357,7 +372,7 @@ def drift(
     _console().print(out)
     for column, why in report.skipped.items():
         print(f"  skipped {column}: {why}")
-    page = html or Path(f"drift-v{against}-{what}.html")
+    page = html or _beside(target, f"drift-v{against}-{what}.html")
     write_html(report, reference, current, page, title=f"{target.uri}: v{against} against {label}")
     if json_out is not None:
         try:

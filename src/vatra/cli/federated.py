@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -13,7 +14,9 @@ from vatra.rundir import RunDir, new_run_id
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
 
-fl_app = typer.Typer(help="Federated deployment over gRPC with TLS.", no_args_is_help=True)
+fl_app = typer.Typer(
+    rich_markup_mode=None, help="Federated deployment over gRPC with TLS.", no_args_is_help=True
+)
 app.add_typer(fl_app, name="fl")
 
 
@@ -57,6 +60,13 @@ def certs(
         raise ConfigError(f"--clients {clients}: must be ≥ 1")
     generate(folder, clients, host, force=force)
     print(f"vatra: wrote CA, server certificate and {clients} client token(s) to {folder}", flush=True)
+    print(
+        f"vatra: warning: {folder / 'ca.key'} is a secret: whoever holds it can admit any client; keep it "
+        f"(and server.key, clients/) off shared drives and out of git ({folder / '.gitignore'} ignores the "
+        "folder); give client i only ca.pem and clients/<i>.token",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 @fl_app.command("server")

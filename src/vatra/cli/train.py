@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
 
-config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
+config_app = typer.Typer(rich_markup_mode=None, help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 # torchrun's flags, shared by `vatra train` and `vatra run`

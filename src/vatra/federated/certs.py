@@ -7,6 +7,7 @@ even for a moment, whatever the umask)::
     server.pem  server.key  the server's certificate (SAN: localhost, 127.0.0.1, ::1, extra hosts)
     tokens.json             {client id: sha256 of its token}  (server side: no token in clear)
     clients/<id>.token      the token client <id> presents (give each client only its own)
+    .gitignore              "*": git never picks up the folder, wherever it lies
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ def generate(folder: Path, clients: int, hosts: list[str] | None = None, *, forc
         _write(folder / "clients" / f"{c}.token", token.encode(), private=True)
         hashes_by_id[str(c)] = token_hash(token)
     _write(folder / "tokens.json", json.dumps(hashes_by_id, indent=1).encode(), private=True)
+    _write(
+        folder / ".gitignore",
+        b"# written by vatra fl certs: keys and tokens are secrets, never commit them\n*\n",
+    )
 
 
 def token_hash(token: str) -> str:

@@ -112,19 +112,20 @@ def own_data(datasets: Datasets, what: str = "--data") -> ClientData:
     return ClientData(train, np.arange(len(train)), val, np.arange(n_val), spec)  # type: ignore[arg-type]
 
 
-def source_config(cfg: Config, source: str) -> Config:
+def source_config(cfg: Config, source: str, what: str = "--data") -> Config:
     """``cfg`` with its data section pointed at ``source``: an import string, or a file or folder.
 
     A path keeps the config's ``data.name`` when it reads paths (table, npz, images, delta) and is
     otherwise read by its suffix: a folder with a ``_delta_log`` → delta (its latest version unless
     ``data.version`` says), .csv/.tsv/.parquet/.pq → table, .npz → npz, another folder → images.
+    ``what`` names the option the source came from in errors (``--data``, ``--eval-data``).
     """
     data = cfg.data
     as_path = Path(source).expanduser()
     if ":" in source and not as_path.exists() and "://" not in source:
         return cfg.model_copy(update={"data": data.model_copy(update={"name": source})})
     if "://" not in source and not as_path.exists():
-        raise ConfigError(f"--data {source}: no such file or folder (or give an import string 'pkg.mod:fn')")
+        raise ConfigError(f"{what} {source}: no such file or folder (or give an import string 'pkg.mod:fn')")
     name = data.name
     if name not in ("table", "npz", "images", "delta"):
         suffix = as_path.suffix.lower()
@@ -138,7 +139,7 @@ def source_config(cfg: Config, source: str) -> Config:
             name = "images"
         else:
             raise ConfigError(
-                f"--data {source}: cannot tell the format; use .csv/.parquet, .npz or an image folder, "
+                f"{what} {source}: cannot tell the format; use .csv/.parquet, .npz or an image folder, "
                 "or set data.name in the config"
             )
     path = source if "://" in source else str(as_path.resolve())
@@ -159,7 +160,7 @@ def data_context(cfg: Config, run_dir: Path | None = None, keep: tuple[str, ...]
 
 def load_source(cfg: Config, source: str, what: str, run_dir: Path | None = None) -> Datasets:
     """The datasets of ``source`` read with the config's data options (target, features, split...)."""
-    local = source_config(cfg, source)
+    local = source_config(cfg, source, what)
     try:
         return build_dataset(local.data, data_context(cfg, run_dir))
     except ConfigError as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vatra.config import DataConfig
 from vatra.data._base import DataContext, Datasets
+from vatra.data.tabular.cells import stray_text
 from vatra.data.tabular.files import read_table, same_columns, table_files
 from vatra.data.tabular.memory import build_rows
 from vatra.data.tabular.plan import make_plan
@@ -14,13 +15,14 @@ from vatra.data.tabular.stream import build_stream
 def check_table(cfg: DataConfig, ctx: DataContext) -> None:
     """The config's columns against the files' schema (files found, columns present, numeric or
     declared categorical), reading no rows: a launcher checks this once before workers start."""
-    make_plan(cfg, ctx, same_columns(table_files(cfg)))
+    files = table_files(cfg)
+    make_plan(cfg, ctx, same_columns(files), lambda column: stray_text(files, column))
 
 
 def build_table(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """Train and val datasets of a CSV/Parquet table (streamed from Parquet with ``data.streaming``)."""
     files = table_files(cfg)
-    plan = make_plan(cfg, ctx, same_columns(files))
+    plan = make_plan(cfg, ctx, same_columns(files), lambda column: stray_text(files, column))
     if cfg.streaming:
         return build_stream(cfg, ctx, files, plan)
     return build_rows(read_table(files, plan.needed), plan, cfg, ctx)

@@ -4,7 +4,7 @@ columns present, and the task each target column resolves to."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,8 +63,14 @@ class Plan:
         return list(dict.fromkeys(self.inputs + self.target + extra))
 
 
-def make_plan(cfg: DataConfig, ctx: DataContext, schema: pa.Schema) -> Plan:
-    """The column plan for ``cfg`` on a table with ``schema``; a one-line ConfigError when it does not fit."""
+def make_plan(
+    cfg: DataConfig, ctx: DataContext, schema: pa.Schema, stray: Callable[[str], str | None] | None = None
+) -> Plan:
+    """The column plan for ``cfg`` on a table with ``schema``; a one-line ConfigError when it does not fit.
+
+    ``stray(column)``, when given, says where a numeric feature read as text holds a cell that is no
+    number (a typo among numbers), so the error names that cell instead of suggesting categories.
+    """
     names = list(schema.names)
     types = {n: schema.field(n).type for n in names}
     present = ", ".join(names)
@@ -103,6 +109,12 @@ def make_plan(cfg: DataConfig, ctx: DataContext, schema: pa.Schema) -> Plan:
     numeric = [c for c in features if c not in cfg.categorical]
     for c in numeric:
         if _kind_of(types[c]) not in ("float", "int", "bool"):
+            where = stray(c) if stray is not None else None
+            if where:
+                raise ConfigError(
+                    f"data.features: column {c!r} holds text among its numbers: {where}; correct the "
+                    f"cell, or empty it to mark it missing (data.nan), or add {c!r} to data.categorical"
+                )
             raise ConfigError(
                 f"data.features: column {c!r} is {types[c]}, not numeric; add it to data.categorical "
                 "to read it as categories"

@@ -1,0 +1,43 @@
+"""Why a column meant as numbers was read as text: the first cell that is not a number, and its row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vatra.data.tabular.files import _kind, arrow, read_table
+
+# A number as pyarrow's CSV reader parses one: sign, digits, decimal point, exponent; or nan / inf.
+NUMBER = r"^\s*[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|nan|NaN|inf|Inf|infinity|Infinity)\s*$"
+
+
+def stray_text(files: list[str], column: str) -> str | None:
+    """Where ``column`` holds a cell that is no number, when most of its cells are numbers.
+
+    ``"'high' in row 37 of d.csv (line 38)"`` (rows count from 1 after the header), plus how many
+    other cells are text; None when most cells are text (a column of categories, not a bad cell)
+    or the column is not text. Reads only this column, once, when a config has already failed.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+
+    pa = arrow()
+    nulls = sorted(pcsv.ConvertOptions().null_values)  # what the reader takes for a missing number
+    first: str | None = None
+    numbers = texts = 0
+    for f in files:
+        col = read_table([f], [column]).column(column)
+        if not (col.type.equals("string") or col.type.equals("large_string")):
+            continue
+        filled = pc.invert(pc.is_in(col, value_set=pa.array(nulls, type=col.type))).fill_null(False)
+        is_text = pc.and_(filled, pc.invert(pc.match_substring_regex(col, NUMBER).fill_null(True)))
+        n_text = pc.sum(is_text).as_py() or 0
+        texts += n_text
+        numbers += int(pc.sum(filled).as_py() or 0) - n_text
+        if n_text and first is None:
+            row = pc.index(is_text, True).as_py()
+            line = f" (line {row + 2})" if _kind(f) == "csv" else ""
+            first = f"{col[row].as_py()!r} in row {row + 1} of {Path(f).name}{line}"
+    if first is None or texts * 2 > numbers + texts:
+        return None
+    more = texts - 1
+    return first + (f", and {more} more cell(s) that are no number" if more else "")
