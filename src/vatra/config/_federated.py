@@ -139,7 +139,21 @@ class FederatedConfig(Section):
     speed_sigma: float = Field(
         0.0, ge=0.0, description="Simulation: sigma of log-normal client slowness (heterogeneous devices)."
     )
-    target_accuracy: float = Field(0.85, gt=0.0, le=1.0, description="Summary: rounds to this accuracy.")
+    target_accuracy: float = Field(
+        0.85, gt=0.0, le=1.0, description="Summary: rounds_to_target's threshold when target_value is unset."
+    )
+    target_metric: str = Field(
+        "auto",
+        min_length=1,
+        description="Summary: the metric rounds_to_target watches (global_<metric>): auto = the task's main "
+        "metric (accuracy, ndcg@k, r2, perplexity, else loss), or any the task reports (rmse, mae, macro_f1, "
+        "<head>_accuracy, ...); loss, perplexity, mae and rmse count as reached at or below the threshold.",
+    )
+    target_value: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="Summary: rounds_to_target's threshold for target_metric; unset = target_accuracy.",
+    )
     # deployment
     min_clients: int = Field(1, ge=1, description="Deployment: results needed for a round to count.")
     round_deadline_s: float = Field(120.0, gt=0.0, description="Deployment: seconds a round may take.")

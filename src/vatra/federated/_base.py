@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from vatra.losses import is_main_family, lower_is_better
+
 if TYPE_CHECKING:
     from vatra.config import FederatedConfig
     from vatra.federated.params import ParamLayout
@@ -131,8 +133,9 @@ def check_eval_numbers(rep: EvalRes) -> str | None:
 
 
 def aggregate_client_metrics(results: Sequence[EvalRes]) -> dict[str, Any]:
-    """``client_<metric>``: the mean over clients weighted by ``num_examples``; ``mean_client_accuracy``
-    and ``worst_client_accuracy`` (or ``_loss``) over the clients that reported."""
+    """``client_<metric>``: the mean over clients weighted by ``num_examples``; ``mean_client_<metric>``
+    and ``worst_client_<metric>`` over the clients that reported, for each metric that can be a task's
+    main one (accuracy, ndcg@k, r2, perplexity, loss; a multitask head's too)."""
     scored = [r for r in results if r.num_examples > 0 and r.metrics]
     if not scored:
         return {}
@@ -143,11 +146,11 @@ def aggregate_client_metrics(results: Sequence[EvalRes]) -> dict[str, Any]:
         vals = [(r.num_examples, float(r.metrics[name])) for r in scored if name in r.metrics]
         if vals and all(np.isfinite(v) for _, v in vals):
             out[f"client_{name}"] = sum(n * v for n, v in vals) / sum(n for n, _ in vals)
-    for name, worst in (("accuracy", min), ("loss", max)):
+    for name in (n for n in names if is_main_family(n)):  # accuracy, r2, ndcg@k, ..., each head's
         per = [float(r.metrics[name]) for r in scored if name in r.metrics]
         if per:
             out[f"mean_client_{name}"] = float(np.mean(per))
-            out[f"worst_client_{name}"] = float(worst(per))
+            out[f"worst_client_{name}"] = float(max(per) if lower_is_better(name) else min(per))
     return out
 
 
@@ -214,7 +217,7 @@ class Strategy:
 
     def aggregate_evaluate(self, rnd: int, results: Sequence[EvalRes]) -> dict[str, Any]:
         """The clients' metrics, each weighted by its validation rows (``client_<name>``), and the mean
-        and worst client accuracy (or loss) for fairness."""
+        and worst client figure of each main-metric candidate (accuracy, r2, loss, ...) for fairness."""
         return aggregate_client_metrics(results)
 
     def update_size(self) -> int:

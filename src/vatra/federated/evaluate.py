@@ -47,6 +47,14 @@ class Scorer:
         self.loss = loss
         self.task = resolve_task(cfg.train.task, spec)
 
+    def metric_names(self) -> list[str]:
+        """The names :meth:`score` reports (``loss``, ``mae``, ``rmse``, ``r2``, ...), known before any
+        scoring: the task's metrics computed on an empty state (an unknown width counts as one class)."""
+        metrics = build_metrics(self.task, self.cfg.train, self.spec, self.loss)
+        for part in [metrics, *getattr(metrics, "heads", {}).values()]:
+            part.num_classes = part.num_classes or 1
+        return list(metrics.compute(metrics.state()))
+
     def score(self, vec: np.ndarray | None, dataset: Any, rows: np.ndarray) -> dict[str, float]:
         """Metrics of weights ``vec`` (None: the model as loaded) on ``dataset[rows]``."""
         return self.score_parts(vec, [(dataset, rows)])

@@ -3,8 +3,9 @@
 Only *how clients train and evaluate* differs between the two (an :class:`~vatra.federated._base.Executor`:
 a process pool, or gRPC clients). The server never holds client data: it scores the global model on
 its own held-out data when it has some (``--eval-data``; a simulation's validation split) and
-aggregates what clients report about their own held-out rows. ``global_accuracy`` is the server's
-figure when it has one, else the clients' weighted one. The server saves its whole state after every
+aggregates what clients report about their own held-out rows. ``global_<metric>`` (the task's main
+metric, :mod:`vatra.federated.headline`) is the server's figure when it has one, else the clients'
+weighted one. The server saves its whole state after every
 round as a version of the run's checkpoint store (:mod:`vatra.federated.checkpoint`) and a new
 server on the same run folder resumes at the next round.
 """
@@ -38,6 +39,7 @@ from vatra.federated.checkpoint import ServerCheckpoints
 from vatra.federated.client import initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.evaluate import Scorer, ServerEvaluator
+from vatra.federated.headline import Headline
 from vatra.federated.robust import screen
 from vatra.federated.wire import WireError, decode, encode
 from vatra.losses import build_loss
@@ -48,34 +50,26 @@ def weights_digest(weights: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float32).tobytes()).hexdigest()
 
 
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.4f}"
-
-
-def _last(rows: list[dict[str, Any]], key: str) -> Any:
-    """The newest value of ``key`` (rows without a client evaluation leave it out)."""
-    return next((r[key] for r in reversed(rows) if r.get(key) is not None), None)
-
-
 class _RoundBar:
     """A rich progress bar over rounds (terminals only; plain lines otherwise)."""
 
-    def __init__(self, total: int, done: int) -> None:
+    def __init__(self, total: int, done: int, headline: Headline) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.bar = Progress(
             TextColumn("[bold]federated"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("acc {task.fields[acc]}  worst {task.fields[worst]}  failed {task.fields[failed]}"),
+            TextColumn("{task.fields[figures]}  failed {task.fields[failed]}"),
             TimeRemainingColumn(),
         )
         self.bar.start()
-        self.task = self.bar.add_task("rounds", total=total, completed=done, acc="-", worst="-", failed=0)
+        self.headline = headline
+        self.task = self.bar.add_task("rounds", total=total, completed=done, figures="", failed=0)
 
     def update(self, rnd: int, m: dict[str, Any]) -> None:
-        acc, worst = _fmt(m.get("global_accuracy")), _fmt(m.get("worst_client_accuracy"))
-        self.bar.update(self.task, completed=rnd, acc=acc, worst=worst, failed=m["failures"])
+        figures = self.headline.round_figures(m)
+        self.bar.update(self.task, completed=rnd, figures=figures, failed=m["failures"])
 
     def stop(self) -> None:
         self.bar.stop()
@@ -100,7 +94,9 @@ class FederatedServer:
         self.progress = progress
         model, layout, init = initial_weights(cfg, spec)
         self.hook = hook or build_upload_hook(cfg, layout)
-        self.evaluator = ServerEvaluator(Scorer(cfg, model, spec, build_loss(cfg.train, spec)), eval_data)
+        scorer = Scorer(cfg, model, spec, build_loss(cfg.train, spec))
+        self.evaluator = ServerEvaluator(scorer, eval_data)
+        self.headline = Headline(cfg, scorer.metric_names(), scorer.task == "multitask")
         self.strategy = build_strategy(self.fcfg, layout)
         self.selector = build_selector(self.fcfg, cfg.run.seed)
         self.round = 0  # rounds completed
@@ -217,7 +213,7 @@ class FederatedServer:
             for f in [*failures, *rejected]:
                 self.run_dir.log_event("client_eval_failed", round=rnd, client=f.client_id, reason=f.reason)
             out.update(self.strategy.aggregate_evaluate(rnd, sorted(reports, key=lambda r: r.client_id)))
-        out["global_accuracy"] = out.get("server_accuracy", out.get("client_accuracy"))
+        self.headline.add_globals(out)
         return out
 
     def run_round(self, rnd: int) -> dict[str, Any]:
@@ -278,7 +274,7 @@ class FederatedServer:
                 f"vatra: federated {self.fcfg.strategy} on {self.fcfg.clients} clients, {total} rounds, "
                 f"selection {self.fcfg.selection}"
             )
-        bar = _RoundBar(total, self.round) if self.progress and sys.stdout.isatty() else None
+        bar = _RoundBar(total, self.round, self.headline) if self.progress and sys.stdout.isatty() else None
         try:
             while self.round < total:
                 rnd = self.round + 1
@@ -289,9 +285,9 @@ class FederatedServer:
                 self._save(metrics)
                 append_jsonl(self.run_dir.metrics, metrics)
                 line = (
-                    f"round {rnd}/{total} global_acc {_fmt(metrics.get('global_accuracy'))} "
-                    f"worst {_fmt(metrics.get('worst_client_accuracy'))} selected {len(metrics['selected'])} "
-                    f"failed {metrics['failures']} {metrics['round_time_s']:.2f} s"
+                    f"round {rnd}/{total} {self.headline.round_figures(metrics)} "
+                    f"selected {len(metrics['selected'])} failed {metrics['failures']} "
+                    f"{metrics['round_time_s']:.2f} s"
                 )
                 if bar is not None:
                     bar.update(rnd, metrics)
@@ -304,12 +300,7 @@ class FederatedServer:
         self.run_dir.write_summary(summary)
         if self.cfg.monitor.report:
             self._report(summary)
-        self._say(
-            f"done: {summary['rounds']} rounds, global accuracy {_fmt(summary['global_accuracy'])}, "
-            f"mean client {_fmt(summary['mean_client_accuracy'])}, "
-            f"worst client {_fmt(summary['worst_client_accuracy'])}, "
-            f"rounds to {self.fcfg.target_accuracy:.0%}: {summary['rounds_to_target']}"
-        )
+        self._say(self.headline.done_line(summary))
         return summary
 
     def _report(self, summary: dict[str, Any]) -> None:
@@ -322,23 +313,12 @@ class FederatedServer:
         """Final figures, read back from metrics.jsonl so a resumed run counts every round once."""
         rows = {m["round"]: m for m in read_jsonl(self.run_dir.metrics)}
         ordered = [rows[r] for r in sorted(rows)]
-        last = ordered[-1]
-        target = self.fcfg.target_accuracy
-        scored = [m for m in ordered if m.get("global_accuracy") is not None]
-        reached = [m["round"] for m in scored if m["global_accuracy"] >= target]
         return {
             "strategy": self.fcfg.strategy,
             "selection": self.fcfg.selection,
             "clients": self.fcfg.clients,
-            "rounds": last["round"],
-            "global_accuracy": last.get("global_accuracy"),
-            "server_accuracy": last.get("server_accuracy"),
-            "client_accuracy": _last(ordered, "client_accuracy"),
-            "mean_client_accuracy": _last(ordered, "mean_client_accuracy"),
-            "worst_client_accuracy": _last(ordered, "worst_client_accuracy"),
-            "best_global_accuracy": max((m["global_accuracy"] for m in scored), default=None),
-            "target_accuracy": target,
-            "rounds_to_target": reached[0] if reached else None,
+            "rounds": ordered[-1]["round"],
+            **self.headline.summary(ordered),
             "bytes_up": sum(m["bytes_up"] for m in ordered),
             "bytes_down": sum(m["bytes_down"] for m in ordered),
             "failures": sum(m["failures"] for m in ordered),

@@ -13,6 +13,13 @@ from vatra.losses._base import (
     resolve_task,
 )
 from vatra.losses.classification import BCE, CrossEntropy
+from vatra.losses.headline import (
+    MAIN_METRICS,
+    head_main_metrics,
+    is_main_family,
+    lower_is_better,
+    main_metric,
+)
 from vatra.losses.metrics import (
     AUC_BINS,
     ClassificationMetrics,
@@ -30,6 +37,7 @@ from vatra.losses.regression import MSE, Huber
 __all__ = [
     "AUC_BINS",
     "BCE",
+    "MAIN_METRICS",
     "MSE",
     "TASKS",
     "ClassificationMetrics",
@@ -49,8 +57,12 @@ __all__ = [
     "build_loss",
     "build_metrics",
     "default_loss",
+    "head_main_metrics",
+    "is_main_family",
     "listnet",
     "load_loss",
+    "lower_is_better",
+    "main_metric",
     "ndcg_at_k",
     "resolve_task",
 ]

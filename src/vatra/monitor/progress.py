@@ -9,21 +9,22 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from vatra.engine import Plugin
+from vatra.losses import main_metric
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
 
 
-HEADLINES = ("val_accuracy", "val_ndcg@", "val_r2", "val_perplexity", "val_loss")
-
-
 def headline(metrics: dict[str, Any]) -> tuple[str, float] | None:
-    """The one validation figure to show for the task: accuracy, NDCG, R², perplexity, else the loss."""
-    for prefix in HEADLINES:
-        for key, value in metrics.items():
-            if key.startswith(prefix) and isinstance(value, int | float):
-                return key.removeprefix("val_"), float(value)
-    return None
+    """The one validation figure to show for the task (its main metric: accuracy, NDCG, R²,
+    perplexity, else the loss)."""
+    scored = [
+        k.removeprefix("val_")
+        for k, v in metrics.items()
+        if k.startswith("val_") and isinstance(v, int | float)
+    ]
+    name = main_metric(scored)
+    return (name, float(metrics[f"val_{name}"])) if name is not None else None
 
 
 def _fmt_eta(seconds: float) -> str:

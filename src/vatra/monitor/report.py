@@ -69,22 +69,6 @@ PANELS = (
     Panel("Adaptive batch: LR multiplier and peak memory per step (GB)", ("lr_scale", "peak_memory_gb")),
     Panel("Process CPU (%) and memory (MB)", ("cpu_percent", "rss_mb"), marks=False),
     Panel("GPU (NVML)", ("gpu_util_percent", "gpu_mem_mb", "gpu_temp_c"), marks=False),
-    # federated runs: one panel per family of round metrics, so their curves share an axis
-    Panel(
-        "Federated accuracy: the server's data, the clients' weighted, their mean and worst",
-        (
-            "global_accuracy",
-            "server_accuracy",
-            "client_accuracy",
-            "mean_client_accuracy",
-            "worst_client_accuracy",
-        ),
-        marks=False,
-    ),
-    Panel(
-        "Federated loss", ("server_loss", "client_loss", "mean_client_loss", "worst_client_loss"), log_y=True
-    ),
-    Panel("Federated macro F1", ("server_macro_f1", "client_macro_f1"), marks=False),
     Panel("Bytes per round", ("bytes_up", "bytes_down"), marks=False),
     Panel("Round time (s)", ("round_time_s", "fit_time_s", "client_time_s"), marks=False),
 )
@@ -174,7 +158,7 @@ def _per_rank(rows: list[dict[str, Any]], x: str, key: str) -> tuple[np.ndarray,
 
 
 def _plot_panel(panel: Panel, rows: list[dict[str, Any]], events: list[dict[str, Any]], x: str) -> str | None:
-    present = [k for k in panel.keys if any(k in r for r in rows)]
+    present = [k for k in panel.keys if any(r.get(k) is not None for r in rows)]  # null all along: no line
     if not present:
         return None
     fig, ax = plt.subplots(figsize=(7.2, 3.2))
@@ -232,8 +216,37 @@ def _plot_panel(panel: Panel, rows: list[dict[str, Any]], events: list[dict[str,
     return png(fig)
 
 
-def _extra_keys(rows: list[dict[str, Any]]) -> list[str]:
-    claimed = {k for p in PANELS for k in p.keys} | SKIP_EXTRA
+FEDERATED_SIDES = ("global", "server", "client", "mean_client", "worst_client")
+
+
+def federated_panels(rows: list[dict[str, Any]]) -> list[Panel]:
+    """One panel per task metric of a federated run (accuracy, r2, rmse, ndcg@k, a head's, ...), so
+    the server's, the clients' weighted, their mean and worst figures of one metric share an axis."""
+    names: list[str] = []
+    for r in rows:
+        for k in r:
+            side = next((s for s in ("server", "client") if k.startswith(f"{s}_")), None)
+            name = k.removeprefix(f"{side}_") if side else None
+            if (
+                name
+                and name not in names
+                and name not in ("examples", "time_s", "data", "num_examples", "model")
+            ):
+                names.append(name)
+    main = [n for n in names if f"global_{n}" in rows[-1]] if rows else []
+    return [
+        Panel(
+            f"Federated {name}: the server's data, the clients' weighted, their mean and worst",
+            tuple(f"{side}_{name}" for side in FEDERATED_SIDES),
+            log_y=name.endswith("loss"),
+            marks=False,
+        )
+        for name in [*main, *(n for n in names if n not in main)]
+    ]
+
+
+def _extra_keys(rows: list[dict[str, Any]], panels: Sequence[Panel]) -> list[str]:
+    claimed = {k for p in panels for k in p.keys} | SKIP_EXTRA
     keys: list[str] = []
     for r in rows:
         for k, v in r.items():
@@ -289,8 +302,9 @@ def write_report(
     if summary is None and (run / "summary.json").is_file():
         summary = json.loads((run / "summary.json").read_text())
     x = _x_key(rows)
-    images = [img for p in PANELS if (img := _plot_panel(p, rows, events, x))]
-    for key in _extra_keys(rows):
+    panels = [*PANELS, *(federated_panels(rows) if x == "round" else [])]
+    images = [img for p in panels if (img := _plot_panel(p, rows, events, x))]
+    for key in _extra_keys(rows, panels):
         img = _plot_panel(Panel(key, (key,)), rows, events, x)
         if img:
             images.append(img)
@@ -301,6 +315,8 @@ def write_report(
     shown = headline(summary) if summary else None
     if shown:
         cards.insert(0, (f"val {shown[0]}", f"{shown[1]:.4f}"))
+    elif summary and isinstance(fed := summary.get(f"global_{summary.get('main_metric')}"), int | float):
+        cards.insert(0, (f"global {summary['main_metric']}", f"{fed:.4f}"))
     card_html = "".join(
         f"<div class='card'>{html.escape(str(k))}<b>{html.escape(str(v))}</b></div>" for k, v in cards
     )

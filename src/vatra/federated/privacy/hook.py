@@ -9,16 +9,18 @@ norm, steps the accountant and hands the strategy one result: the mean. :class:`
 each task the round's clip norm and client count (each client's noise share).
 
 What a client reports besides its update is cut to :data:`FIT_METRICS_WHITELIST` (evaluation
-replies: :func:`filter_eval_metrics`): no loss, update norm or cluster choice of one client leaves
-it. Adaptive clipping's count (Andrew et al. 2021) is one more coordinate of the update vector, so
-it is summed, masked and noised with the update, never seen alone. Without secure aggregation the
-server refuses an upload no honest client sends (:func:`.bounds.check_private_upload`).
+replies: :func:`filter_eval_metrics`, which keeps the task's main metric): no loss, update norm or
+cluster choice of one client leaves it. Adaptive clipping's count (Andrew et al. 2021) is one more
+coordinate of the update vector, so it is summed, masked and noised with the update, never seen alone.
+Without secure aggregation the server refuses an upload no honest client sends
+(:func:`.bounds.check_private_upload`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -38,15 +40,23 @@ from vatra.federated._base import (
 )
 from vatra.federated.privacy.accountant import Accountant
 from vatra.federated.privacy.bounds import check_private_upload, next_clip_norm
+from vatra.losses import head_main_metrics, main_metric
 from vatra.rundir import RunDir
 
 FIT_METRICS_WHITELIST = ("duration_s", "train_time_s")  # a fit result's metrics under privacy
 EVAL_METRICS_WHITELIST = ("accuracy", "num_examples")  # an evaluation reply's metrics under privacy
 
 
-def filter_eval_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The part of a client's evaluation reply that may leave it when privacy is on."""
-    return {k: metrics[k] for k in EVAL_METRICS_WHITELIST if k in metrics}
+def filter_eval_metrics(
+    metrics: dict[str, Any], heads: Iterable[str] = (), target: str | None = None
+) -> dict[str, Any]:
+    """The part of a client's evaluation reply that may leave it when privacy is on: the whitelist,
+    the task's main metric (r2, ndcg@k, ...; each multitask head's) and ``target`` (the run's
+    ``federated.target_metric``), but never a loss."""
+    main = main_metric(metrics)
+    kept = [*EVAL_METRICS_WHITELIST, *([main] if main else []), *head_main_metrics(metrics, heads)]
+    kept += [target] if target else []
+    return {k: metrics[k] for k in dict.fromkeys(kept) if k in metrics and not k.endswith("loss")}
 
 
 def _secure_rng() -> np.random.Generator:
@@ -114,7 +124,9 @@ class DPUpload(UploadHook):
         return res
 
     def encode_eval(self, res: EvalRes) -> EvalRes:
-        res.metrics = filter_eval_metrics(res.metrics)
+        target = self.cfg.federated.target_metric
+        heads = self.cfg.train.multitask.heads
+        res.metrics = filter_eval_metrics(res.metrics, heads, None if target == "auto" else target)
         return res
 
     def respond(self, blob: bytes) -> bytes:
