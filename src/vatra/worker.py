@@ -48,6 +48,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# what the launcher's forkserver imports once (vatra.launch.forked): the worker and the training stack
+PRELOAD = ["vatra.worker", "vatra.api"]
+
+
+def forked_main(environ: dict[str, str], argv: list[str]) -> None:
+    """:func:`main` in a rank forked by ``vatra train``'s launcher; exits with its code."""
+    from vatra.launch.forked import adopt
+
+    adopt(environ)
+    code = main(argv)
+    if code:
+        sys.exit(code)
+
+
 _PEER_LOST = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|Connection refused|connection was closed", re.I
 )

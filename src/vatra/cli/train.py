@@ -110,17 +110,20 @@ def train(
         cfg.dist.nproc, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts
     )
     from vatra.launch import launch_workers
+    from vatra.worker import PRELOAD, forked_main
+
+    forked = (forked_main, PRELOAD)  # each rank forked from a forkserver that imported vatra once
 
     cfg = _preflight(cfg, cfg.dist.nproc if spec.nnodes == "1" else None)
     if run_dir is None and spec.nnodes != "1":
-        launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]])
+        launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]], forked)
         return
     rd = RunDir(run_dir or Path(cfg.run.out_dir) / new_run_id(cfg.run.name)).create()
     with rd.lock("vatra train", job=_job(spec)):  # held across the workers' elastic restarts
         rd.config.write_text(dump_toml(cfg))
         print(f"vatra: run folder {rd.path}", flush=True)
         try:
-            launch_workers(spec, [str(rd.config), "--run-dir", str(rd.path)])
+            launch_workers(spec, [str(rd.config), "--run-dir", str(rd.path)], forked)
         except VatraError:
             if cfg.monitor.report and rd.metrics.exists():
                 _report_after_failure(rd)

@@ -8,14 +8,17 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
+from vatra.launch.forked import prepare as prepare_forkserver
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
 
@@ -97,16 +100,29 @@ class LaunchSpec:
         )
 
 
-def launch_workers(spec: LaunchSpec, worker_args: list[str]) -> None:
-    """Run ``python -m vatra.worker *worker_args`` on every local rank; raise on failure."""
+Entry = Callable[[dict[str, str], list[str]], None]
+
+
+def launch_workers(spec: LaunchSpec, worker_args: list[str], forked: tuple[Entry, list[str]]) -> None:
+    """Run the worker entry of ``forked`` = (entry, preload) with ``worker_args`` on every local
+    rank, each forked from a forkserver that imported ``preload`` once (``vatra train`` passes
+    ``vatra.worker.forked_main``); raise on failure."""
     run_dir = (
         RunDir(Path(worker_args[worker_args.index("--run-dir") + 1])) if "--run-dir" in worker_args else None
     )
-    launch(spec, ["-u", "-m", "vatra.worker", *worker_args], run_dir)
+    launch(spec, worker_args, run_dir, forked=forked)
 
 
-def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> None:
+def launch(
+    spec: LaunchSpec,
+    python_args: list[str],
+    run_dir: RunDir | None,
+    *,
+    forked: tuple[Entry, list[str]] | None = None,
+) -> None:
     """Run ``python *python_args`` on every local rank through the elastic agent; raise on failure.
+    ``forked`` = (entry, preload): each rank instead runs ``entry(launcher's environment,
+    python_args)`` forked from a forkserver that imported ``preload`` once.
 
     Workers inherit this process's stdout/stderr, so rank 0's progress bar sees the terminal. The
     agent's failure reports (exit code, signal, rank) go to ``run_dir``'s events.jsonl: a SIGKILLed
@@ -117,6 +133,9 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
         # Like torchrun: N processes each using every core would oversubscribe the CPU.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc))
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # "Terminating process N via signal SIGTERM": the others of a failed group, which the one line
+    # the launcher prints already accounts for
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     if spec.max_restarts > 0:
         # The agent's shared TCPStore outlives a restart, and the new group would read the dead
         # group's gloo addresses from it (hang, or "connection refused"): a fresh store per attempt.
@@ -130,7 +149,13 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
     before = os.environ.get(ERRORS_ENV)
     os.environ[ERRORS_ENV] = errors
     try:
-        _launch(config, python_args, run_dir, rank_offset)
+        if forked is not None:
+            entry, preload = forked
+            prepare_forkserver(preload)
+            config.start_method = "forkserver"
+            _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
+        else:
+            _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
     finally:
         if before is None:
             os.environ.pop(ERRORS_ENV, None)
@@ -139,10 +164,12 @@ def launch(spec: LaunchSpec, python_args: list[str], run_dir: RunDir | None) -> 
         shutil.rmtree(errors, ignore_errors=True)
 
 
-def _launch(config: LaunchConfig, python_args: list[str], run_dir: RunDir | None, rank_offset: int) -> None:
+def _launch(
+    config: LaunchConfig, entry: Any, args: tuple[Any, ...], run_dir: RunDir | None, rank_offset: int
+) -> None:
     try:
         with record_worker_failures(run_dir, rank_offset):
-            elastic_launch(config, sys.executable)(*python_args)
+            elastic_launch(config, entry)(*args)
     except SignalException as err:  # the launcher was told to stop (a spot machine's SIGTERM)
         said = run_dir.take_errors() if run_dir is not None else []
         if said:  # the workers' own account: "SIGTERM at step N: saved checkpoint ..."
