@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 
@@ -27,6 +28,16 @@ _AGENT = {
 def prepare(preload: list[str]) -> None:
     """Name the modules the forkserver imports once (before the launch starts it)."""
     multiprocessing.set_forkserver_preload(preload)
+
+
+def stop() -> None:
+    """Stop this process's forkserver after a launch: the next launch starts one that holds the
+    launcher's stdout, stderr and environment of then (a forkserver keeps those of its start, and a
+    program may launch again with its output redirected, as ``vatra.cli.main`` called twice does)."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    halt = getattr(server, "_stop", None)  # CPython's own; absent elsewhere: the server then stays
+    if halt is not None:
+        halt()
 
 
 def adopt(environ: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
 from vatra.launch.forked import prepare as prepare_forkserver
+from vatra.launch.forked import stop as stop_forkserver
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
 
@@ -153,7 +154,10 @@ def launch(
             entry, preload = forked
             prepare_forkserver(preload)
             config.start_method = "forkserver"
-            _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
+            try:
+                _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
+            finally:
+                stop_forkserver()
         else:
             _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
     finally:
