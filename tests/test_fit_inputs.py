@@ -64,14 +64,29 @@ def test_fit_takes_a_dataframe_without_val_and_trains_on_every_row(tmp_path: Pat
     assert result.summary["steps"] == 120 and "val_r2" not in result.summary
 
 
+def test_fit_reads_the_val_rows_of_one_dataframe_from_data_split_column(tmp_path: Path) -> None:
+    frame = _frame(100, 0).drop(columns="city")
+    frame["part"] = ["val" if i % 4 == 0 else "train" for i in range(100)]
+    cfg = _config("y")
+    cfg["data"]["split_column"] = "part"
+    result = vatra.fit(cfg, train=frame, run_dir=tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "data" / "preprocess.json").read_text())
+    assert "val_r2" in result.summary and saved["feature_names"] == ["a", "b"]
+
+
 def test_fit_takes_numpy_arrays(tmp_path: Path) -> None:
-    # Prepare: two classes split by the sign of x0 + x1
+    # Prepare: two classes split by the sign of x0 + x1; val as tensors
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 4)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
 
     # Execute
-    result = vatra.fit(_config(), train=(x[:240], y[:240]), val=(x[240:], y[240:]), run_dir=tmp_path / "r")
+    result = vatra.fit(
+        _config(),
+        train=(x[:240], y[:240]),
+        val=(torch.from_numpy(x[240:]), torch.from_numpy(y[240:])),
+        run_dir=tmp_path / "r",
+    )
 
     # Assert
     assert result.summary["task"] == "classification"
