@@ -63,7 +63,7 @@ def _task(y: np.ndarray, ctx: DataContext, path: str) -> str:
             f"train.task = 'classification' needs 1-D integer labels in y; {path} has {y.dtype} {y.shape}"
         )
     if task == "classification" and y.size and y.min() < 0:
-        raise ConfigError(f"data.path: {path}: class labels in y must be 0 .. classes - 1, found {y.min()}")
+        raise ConfigError(f"{path}: class labels in y must be 0 .. classes - 1, found {y.min()}")
     if task == "multilabel" and (y.ndim != 2 or not np.isin(y, (0, 1)).all()):
         raise ConfigError(
             f"train.task = 'multilabel' needs a 2-D 0/1 array y; {path} has {y.dtype} {y.shape}"
@@ -104,13 +104,25 @@ def build_npz(cfg: DataConfig, ctx: DataContext) -> Datasets:
     arrays = _load(cfg.path)
     x, y = arrays["x"], arrays["y"]
     if "x_val" in arrays:
-        x_tr, y_tr, x_va, y_va = x, y, arrays["x_val"], arrays["y_val"]
-    else:
-        tr, va = _split(len(x), cfg.val_fraction, ctx.seed)
-        x_tr, y_tr, x_va, y_va = x[tr], y[tr], x[va], y[va]
+        return array_datasets(x, y, arrays["x_val"], arrays["y_val"], cfg, ctx, cfg.path)
+    tr, va = _split(len(x), cfg.val_fraction, ctx.seed)
+    return array_datasets(x[tr], y[tr], x[va], y[va], cfg, ctx, cfg.path)
+
+
+def array_datasets(
+    x_tr: np.ndarray,
+    y_tr: np.ndarray,
+    x_va: np.ndarray,
+    y_va: np.ndarray,
+    cfg: DataConfig,
+    ctx: DataContext,
+    source: str,
+) -> Datasets:
+    """Train and val :class:`~vatra.data.Split` of inputs and targets already split (val empty = none):
+    the task from the targets, float inputs standardised with the training split's statistics."""
     if x_tr.shape[1:] != x_va.shape[1:]:
-        raise ConfigError(f"data.path: x has samples of shape {x_tr.shape[1:]} but x_val {x_va.shape[1:]}")
-    task = _task(np.concatenate([y_tr, y_va]), ctx, cfg.path)
+        raise ConfigError(f"{source}: x has samples of shape {x_tr.shape[1:]} but x_val {x_va.shape[1:]}")
+    task = _task(np.concatenate([y_tr, y_va]), ctx, source)
     shape = tuple(int(d) for d in x_tr.shape[1:])
     if cfg.standardize and x_tr.dtype.kind == "f":
         mean, std = on_rank0(ctx, lambda: _statistics(x_tr, ctx, shape))

@@ -16,10 +16,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.config import Config
 from vatra.config._parallel import check_world
-from vatra.data import Batch, DataContext, DatasetSpec, GlobalBatchSampler, build_dataset, infer_spec
+from vatra.data import Batch, DataContext, DatasetSpec, GlobalBatchSampler, build_dataset
+from vatra.data.held import given_datasets
 from vatra.data.loader import eval_batches
 from vatra.engine._plugin import Plugin, PluginList
 from vatra.engine.batches import Sampler, train_batches
+from vatra.engine.contract import check_inputs, check_loss_shapes
 from vatra.engine.dist import DistContext
 from vatra.engine.objective import Objective, as_loss_module, call_model, rank_seed, seed_everything
 from vatra.engine.optim import build_optimizer, build_scheduler
@@ -73,6 +75,8 @@ class Trainer:
         device = self.dist.device
         self.model = model.to(device)
         self.loss = as_loss_module(build_loss(cfg.train, spec) if loss is None else loss).to(device)
+        self._user_loss = loss is not None
+        self._first_batch = True  # its inputs and shapes are checked (engine.contract) before any step
         # What the optimizer trains: the model, or the model and a loss with parameters of its own.
         self.trainable: nn.Module = self.model
         if any(True for _ in self.loss.parameters()):
@@ -183,21 +187,21 @@ class Trainer:
         """
         ctx = dist or DistContext()
         seed = cfg.run.seed
+        data_ctx = DataContext(
+            seed=seed,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            run_dir=run_dir.path if run_dir is not None else None,
+            broadcast=ctx.broadcast_object,
+            task=cfg.train.task,
+            head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
+        )
         if train is None:
             if val is not None:
                 raise ConfigError("vatra.fit: val= was given without train=; pass both, or neither")
-            data_ctx = DataContext(
-                seed=seed,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-                run_dir=run_dir.path if run_dir is not None else None,
-                broadcast=ctx.broadcast_object,
-                task=cfg.train.task,
-                head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
-            )
             train, val, spec = build_dataset(cfg.data, data_ctx, cfg.train.task)
-        else:
-            spec = infer_spec(train, cfg.train.task, "the train dataset", "train")
+        else:  # a DataFrame or (X, y) arrays become datasets; a dataset's spec is read off its first item
+            train, val, spec = given_datasets(train, val, cfg.data, data_ctx)
         if model is None:
             seed_everything(seed)  # identical initial weights on every rank
             heads = {name: h.size for name, h in cfg.train.multitask.heads.items()}
@@ -325,9 +329,15 @@ class Trainer:
                 return pipeline.step(inputs, target, sync_tied=False) / scale
         module = self.module if module is None else module
         module = self._compiled.get(module, module)  # train.compile: the compiled wrapper
+        first, self._first_batch = self._first_batch, False
+        if first:
+            check_inputs(self.model, inputs)
         with self._autocast():
             if self.trainable is self.model:
-                loss = self.loss(call_model(module, inputs), target)
+                output = call_model(module, inputs)
+                if first and self._user_loss:
+                    check_loss_shapes(output, target)
+                loss = self.loss(output, target)
             else:
                 loss = module(inputs, target)  # Objective: the loss's own parameters train too
         self.scaler.scale(loss * scale if scale != 1.0 else loss).backward()
