@@ -106,13 +106,15 @@ def train(
         if nproc < 1:
             raise ConfigError(f"--nproc {nproc}: must be ≥ 1 (worker processes on this node)")
         cfg.dist.nproc = nproc
+    from vatra.launch.forked import start  # no torch: the forkserver imports it, beside this process
+    from vatra.worker import forked_main, preload
+
+    forked = (forked_main, preload(cfg))  # each rank forked from a forkserver that imported vatra once
+    start(forked[1], cfg.dist.nproc)
     spec = _launch_spec(
         cfg.dist.nproc, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts
     )
     from vatra.launch import launch_workers
-    from vatra.worker import PRELOAD, forked_main
-
-    forked = (forked_main, PRELOAD)  # each rank forked from a forkserver that imported vatra once
 
     cfg = _preflight(cfg, cfg.dist.nproc if spec.nnodes == "1" else None)
     if run_dir is None and spec.nnodes != "1":

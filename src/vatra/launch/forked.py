@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 
@@ -27,6 +28,21 @@ _AGENT = {
 def prepare(preload: list[str]) -> None:
     """Name the modules the forkserver imports once (before the launch starts it)."""
     multiprocessing.set_forkserver_preload(preload)
+
+
+def start(preload: list[str], nproc: int) -> None:
+    """Start the forkserver now, importing ``preload`` (~2.5 s of CPU) while the launcher goes on
+    with its own imports, the run folder and the rendezvous, instead of after them. Its environment
+    is the launcher's of now: ``OMP_NUM_THREADS`` is set first, as the launch would set it."""
+    cap_threads(nproc)
+    prepare(preload)
+    multiprocessing.forkserver.ensure_running()
+
+
+def cap_threads(nproc: int) -> None:
+    """Like torchrun: ``nproc`` processes each using every core would oversubscribe the CPU."""
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
 
 
 def adopt(environ: dict[str, str]) -> None:
