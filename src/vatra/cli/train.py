@@ -110,11 +110,14 @@ def train(
         cfg.dist.nproc, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts
     )
     from vatra.launch import launch_workers
-    from vatra.worker import PRELOAD, forked_main
-
-    forked = (forked_main, PRELOAD)  # each rank forked from a forkserver that imported vatra once
+    from vatra.launch.forked import start
+    from vatra.worker import forked_main, preload
 
     cfg = _preflight(cfg, cfg.dist.nproc if spec.nnodes == "1" else None)
+    # each rank forked from a forkserver that imported vatra once; started now (the config is good),
+    # it imports beside this process's run folder and rendezvous
+    forked = (forked_main, preload(cfg))
+    start(forked[1], cfg.dist.nproc)
     if run_dir is None and spec.nnodes != "1":
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]], forked)
         return

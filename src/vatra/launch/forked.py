@@ -40,6 +40,21 @@ def stop() -> None:
         halt()
 
 
+def start(preload: list[str], nproc: int) -> None:
+    """Start the forkserver now, importing ``preload`` (~2.5 s of CPU) while the launcher goes on
+    with its own imports, the run folder and the rendezvous, instead of after them. Its environment
+    is the launcher's of now: ``OMP_NUM_THREADS`` is set first, as the launch would set it."""
+    cap_threads(nproc)
+    prepare(preload)
+    multiprocessing.forkserver.ensure_running()
+
+
+def cap_threads(nproc: int) -> None:
+    """Like torchrun: ``nproc`` processes each using every core would oversubscribe the CPU."""
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+
+
 def adopt(environ: dict[str, str]) -> None:
     """In a forked rank: the launcher's ``environ`` with the agent's variables on top; stdout and
     stderr unbuffered."""

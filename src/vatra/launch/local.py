@@ -18,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
+from vatra.launch.forked import cap_threads
 from vatra.launch.forked import prepare as prepare_forkserver
 from vatra.launch.forked import stop as stop_forkserver
 from vatra.resilience.recovery import record_worker_failures
@@ -67,7 +68,7 @@ class LaunchSpec:
     node_rank: int | None = None
     local_addr: str | None = None
     max_restarts: int = 0
-    monitor_interval: float = 0.5
+    monitor_interval: float = 0.1  # torchrun's: how soon the agent sees the ranks exit
 
     def launch_config(self) -> LaunchConfig:
         if self.nproc < 1:
@@ -130,9 +131,7 @@ def launch(
     worker cannot log its own death.
     """
     config = spec.launch_config()
-    if spec.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # Like torchrun: N processes each using every core would oversubscribe the CPU.
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc))
+    cap_threads(spec.nproc)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     # "Terminating process N via signal SIGTERM": the others of a failed group, which the one line
     # the launcher prints already accounts for
