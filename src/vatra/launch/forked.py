@@ -30,10 +30,22 @@ def prepare(preload: list[str]) -> None:
     multiprocessing.set_forkserver_preload(preload)
 
 
+_started: list[bool] = [False]  # whether the running forkserver is the launcher's own
+
+
+def _running() -> bool:
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    return getattr(server, "_forkserver_pid", None) is not None
+
+
 def stop() -> None:
-    """Stop this process's forkserver after a launch: the next launch starts one that holds the
-    launcher's stdout, stderr and environment of then (a forkserver keeps those of its start, and a
-    program may launch again with its output redirected, as ``vatra.cli.main`` called twice does)."""
+    """Stop the forkserver the launcher started, after its launch: the next launch starts one that
+    holds the launcher's stdout, stderr and environment of then (a forkserver keeps those of its
+    start, and a program may launch again with its output redirected, as ``vatra.cli.main`` called
+    twice does). One the program started itself (for its own processes) is left running."""
+    if not _started[0]:
+        return
+    _started[0] = False
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     halt = getattr(server, "_stop", None)  # CPython's own; absent elsewhere: the server then stays
     if halt is not None:
@@ -45,8 +57,11 @@ def start(preload: list[str], nproc: int) -> None:
     with its own imports, the run folder and the rendezvous, instead of after them. Its environment
     is the launcher's of now: ``OMP_NUM_THREADS`` is set first, as the launch would set it."""
     cap_threads(nproc)
+    if _running():  # the program's own (its preload stands): the ranks import the rest themselves
+        return
     prepare(preload)
     multiprocessing.forkserver.ensure_running()
+    _started[0] = True
 
 
 def cap_threads(nproc: int) -> None:

@@ -19,7 +19,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
 from vatra.launch.forked import cap_threads
-from vatra.launch.forked import prepare as prepare_forkserver
+from vatra.launch.forked import start as start_forkserver
 from vatra.launch.forked import stop as stop_forkserver
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
@@ -151,7 +151,7 @@ def launch(
     try:
         if forked is not None:
             entry, preload = forked
-            prepare_forkserver(preload)
+            start_forkserver(preload, spec.nproc)  # unless already running
             config.start_method = "forkserver"
             try:
                 _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
