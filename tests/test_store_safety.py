@@ -132,7 +132,7 @@ def test_ckpt_gc_removes_staging_leftovers(
     leftover.write_bytes(b"half a save")
     stale = path / "checkpoints" / "objects" / "ab" / f"{'ab' * 32}.tmp-1234abcd"
     fresh = stale.with_name(f"{'cd' * 32}.tmp-5678abcd")
-    stale.parent.mkdir(parents=True)
+    stale.parent.mkdir(parents=True, exist_ok=True)  # a stored object may share the prefix
     stale.write_bytes(b"x")
     fresh.write_bytes(b"y")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
