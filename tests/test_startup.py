@@ -62,7 +62,9 @@ def test_the_forkserver_starts_at_once_with_the_launchs_thread_cap() -> None:
         "import multiprocessing.forkserver as fs, os; os.environ.pop('OMP_NUM_THREADS', None)\n"
         "from vatra.launch.forked import start\n"
         "start(['os'], 2)\n"
-        "pid = fs._forkserver._forkserver_pid\n"
+        "import time; pid = fs._forkserver._forkserver_pid\n"
+        # /proc/PID/environ is the forked launcher's until the exec: wait for the forkserver's own
+        "while b'forkserver' not in open(f'/proc/{pid}/cmdline', 'rb').read(): time.sleep(0.01)\n"
         "print(b'OMP_NUM_THREADS=' in open(f'/proc/{pid}/environ', 'rb').read())\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
