@@ -25,12 +25,7 @@ _AGENT = {
 }
 
 
-def prepare(preload: list[str]) -> None:
-    """Name the modules the forkserver imports once (before the launch starts it)."""
-    multiprocessing.set_forkserver_preload(preload)
-
-
-_started: list[bool] = [False]  # whether the running forkserver is the launcher's own
+_started = False  # whether the running forkserver is the one start() began (the launcher's own)
 
 
 def _running() -> bool:
@@ -43,9 +38,10 @@ def stop() -> None:
     holds the launcher's stdout, stderr and environment of then (a forkserver keeps those of its
     start, and a program may launch again with its output redirected, as ``vatra.cli.main`` called
     twice does). One the program started itself (for its own processes) is left running."""
-    if not _started[0]:
+    global _started
+    if not _started:
         return
-    _started[0] = False
+    _started = False
     server = getattr(multiprocessing.forkserver, "_forkserver", None)
     halt = getattr(server, "_stop", None)  # CPython's own; absent elsewhere: the server then stays
     if halt is not None:
@@ -56,12 +52,13 @@ def start(preload: list[str], nproc: int) -> None:
     """Start the forkserver now, importing ``preload`` (~2.5 s of CPU) while the launcher goes on
     with its own imports, the run folder and the rendezvous, instead of after them. Its environment
     is the launcher's of now: ``OMP_NUM_THREADS`` is set first, as the launch would set it."""
+    global _started
     cap_threads(nproc)
     if _running():  # the program's own (its preload stands): the ranks import the rest themselves
         return
-    prepare(preload)
+    multiprocessing.set_forkserver_preload(preload)
     multiprocessing.forkserver.ensure_running()
-    _started[0] = True
+    _started = True
 
 
 def cap_threads(nproc: int) -> None:
