@@ -102,6 +102,20 @@ def _start(run: Path, *sets: str) -> subprocess.Popen[str]:
     return start_vatra("train", "examples/digits.toml", "--nproc", "3", "--run-dir", str(run), *args)
 
 
+def _finish(proc: subprocess.Popen[str], run: Path, timeout: float) -> str:
+    """The run's stderr; on a hang, kill it and fail with the run's events (where it stopped)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err = proc.communicate()[1]
+        seen = (run / "events.jsonl").read_text()[-3000:] if (run / "events.jsonl").exists() else ""
+        pytest.fail(f"{run.name} run hung; events:\n{seen}\nstderr:\n{err[-2000:]}")
+
+
+# Two 3-process runs at once take 66-132 s on a 2-core machine under load 15 (measured): the timeout
+# leaves room for one gloo timeout (dist.timeout_s) on top, and a hang reports where it stopped.
+@pytest.mark.timeout(560)
 @pytest.mark.slow(78)
 def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: Path) -> None:
     # Prepare: 2 workers and a server; one run loses worker 1 after its step 15, the other loses the
@@ -109,8 +123,12 @@ def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: P
     worker_run, server_run = tmp_path / "worker", tmp_path / "server"
     hit_worker = _start(worker_run, "chaos.kill_rank=1", "chaos.kill_at_steps=[15]")
     hit_server = _start(server_run, "chaos.kill_rank=2", "chaos.kill_at_steps=[25]")
-    _, werr = hit_worker.communicate(timeout=400)
-    _, serr = hit_server.communicate(timeout=400)
+    try:
+        werr = _finish(hit_worker, worker_run, 480)
+        serr = _finish(hit_server, server_run, 60)
+    finally:
+        for proc in (hit_worker, hit_server):
+            proc.kill() if proc.poll() is None else None
     assert hit_worker.returncode == 0, werr[-2000:]
     assert hit_server.returncode == 0, serr[-2000:]
     # Assert (worker): only worker 1 restarted; it resumed from its step-10 state, worker 0 went on
