@@ -1,6 +1,8 @@
 """The client side of the gRPC deployment: ``vatra fl client`` (:func:`run_client`).
 
-A client joins with the shape of its own data, heartbeats, long-polls for its task, trains and
+A client reads the federation's data contract and conforms to it (:mod:`.agree`: same columns,
+categories in the federation's order, or it stops with one line naming the column), joins with the
+shape and contract of its own data, heartbeats, long-polls for its task, trains and
 evaluates on its own rows, and answers secure-aggregation stages; its rows and their labels never
 leave its process. The connection and its retries are :class:`~.remote.RemoteServer`.
 """
@@ -21,7 +23,9 @@ from vatra.errors import ConfigError, VatraError
 from vatra.federated._base import EvalRes, UploadHook
 from vatra.federated.certs import client_credentials
 from vatra.federated.client import LocalClient, TaskRefused
+from vatra.federated.contract import contract_of
 from vatra.federated.data import ClientData, data_context, load_source, own_data, spec_to_json
+from vatra.federated.grpc.agree import agree, fetch_contract
 from vatra.federated.grpc.guard import server_options
 from vatra.federated.grpc.hub import POLL_WAIT_S
 from vatra.federated.grpc.remote import RemoteServer, backoff_s
@@ -67,9 +71,25 @@ def run_client(
         raise ConfigError(f"--client-id {client_id}: must be in [0, {cfg.federated.clients})")
     torch.set_num_threads(1)
     ca, token = client_credentials(certs, client_id)
+
+    def say(line: str) -> None:
+        if progress:
+            print(f"client {client_id}: {line}", flush=True)
+
     own = client_data(cfg, data)
+    federation = fetch_contract(target, ca, client_id, token, retry_s)
+    rebuild = None if isinstance(data, ClientData) else (lambda pinned: client_data(pinned, data))
+    own = agree(cfg, own, federation, rebuild, say)
     local = LocalClient(cfg, own.spec, lambda _cid: own, hook or build_private_hook(cfg, device=True))
-    hello = encode({"kind": "join", "spec": spec_to_json(own.spec), "num_train": own.num_train})
+    mine = contract_of(own.train)
+    hello = encode(
+        {
+            "kind": "join",
+            "spec": spec_to_json(own.spec),
+            "num_train": own.num_train,
+            "contract": None if mine is None else mine.to_json(),
+        }
+    )
     upload, download = message_sizes(cfg, local.layout.size)  # what it sends, what it may receive
     remote = RemoteServer(target, ca, client_id, token, server_options(download, upload), busy_s=retry_s)
     stop = threading.Event()
@@ -81,10 +101,6 @@ def run_client(
                 remote.call("Heartbeat", timeout=cfg.federated.heartbeat_s * 2, retry=False)
             except grpc.RpcError:
                 continue
-
-    def say(line: str) -> None:
-        if progress:
-            print(f"client {client_id}: {line}", flush=True)
 
     trained = 0
     last_ok = time.monotonic()
