@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from vatra.data import build_dataset
 from vatra.data.tabular.split import random_val
 from vatra.errors import ConfigError
 from vatra.federated.certs import generate
-from vatra.federated.contract import MAX_BYTES, DataContract, conform_problem, contract_of, pins_problem
+from vatra.federated.contract import MAX_BYTES, DataContract, contract_of, pins_problem
 from vatra.federated.data import ClientData, build_federation, data_context, load_source, own_data
 from vatra.federated.grpc.agree import agree
 
@@ -221,3 +222,55 @@ def test_owners_agree_over_grpc_or_are_refused_in_one_line(tmp_path: Path) -> No
     events = read_jsonl(tmp_path / "run" / "events.jsonl")
     assert [e["client"] for e in events if e["event"] == "joined"] == [0]
     assert not [e for e in events if e["event"] == "join_refused"]  # refused at home, before joining
+
+
+# ------------------------------------------------------------------- the server's side, attacked
+def test_the_hub_adopts_the_first_contract_and_refuses_a_hostile_or_different_one(tmp_path: Path) -> None:
+    import grpc
+    from tests.test_fl_hub_attacks import _Aborted, _Context, _hub
+
+    from vatra.federated.data import spec_to_json
+    from vatra.federated.wire import decode, encode
+
+    # Prepare: a server without data; two owners' joins
+    cfg = _cfg()
+    hub = _hub(tmp_path, small_config(federated={"clients": 3}, monitor={"report": False}), spec=None)
+    first = _owner(cfg, _csv(tmp_path / "a.csv", ["F", "M"]))
+    other = _owner(cfg, _csv(tmp_path / "b.csv", ["F", "female"]))
+
+    def join(cid: int, data: ClientData, contract: object) -> _Context:
+        ctx = _Context(cid)
+        body = {"kind": "join", "spec": spec_to_json(data.spec), "num_train": data.num_train}
+        with contextlib.suppress(_Aborted):
+            hub.join(encode({**body, "contract": contract}), ctx)
+        return ctx
+
+    # Execute / Assert: nothing published yet
+    assert decode(hub.data_contract(b"", _Context(0)))[0]["contract"] is None
+    # a hostile contract is refused before anything is adopted
+    hostile = {
+        "numeric": [{"$ref": 1}],
+        "categories": {},
+        "target": ["y"],
+        "classes": {},
+        "encoding": "onehot",
+    }
+    ctx = join(2, first, hostile)
+    assert ctx.code == grpc.StatusCode.INVALID_ARGUMENT and "not a name" in ctx.details
+    assert hub.contract is None and hub.spec is None
+    # the first good join publishes its contract
+    mine = contract_of(first.train)
+    assert mine is not None
+    assert join(0, first, mine.to_json()).code is None
+    assert DataContract.from_json(decode(hub.data_contract(b"", _Context(1)))[0]["contract"]) == mine
+    # a joiner that did not conform is refused, the column and values named
+    theirs = contract_of(other.train)
+    assert theirs is not None
+    ctx = join(1, other, theirs.to_json())
+    assert ctx.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert (
+        "column 'sex': this owner has categories ['F', 'female'], the federation's are ['F', 'M']"
+        in ctx.details
+    )
+    # and so is one that sends no contract at all
+    assert join(1, first, None).code == grpc.StatusCode.FAILED_PRECONDITION

@@ -170,11 +170,11 @@ def conform_problem(own: DataContract, fed: DataContract) -> str | None:
         if (have is None) != (want is None):
             kinds = ("classes", "numbers") if have is not None else ("numbers", "classes")
             return f"target {column!r}: this owner reads it as {kinds[0]}, the federation as {kinds[1]}"
-        outside = [v for v in have or [] if str(v) not in {str(w) for w in want or []}]
-        if outside:
+        strays = [v for v in have or [] if str(v) not in {str(w) for w in want or []}]
+        if strays:
             return (
                 f"target {column!r}: this owner has classes {have}, the federation's are {want}: "
-                f"map {_listed(outside)} to one of them {fix}"
+                f"map {_listed(strays)} to one of them {fix}"
             )
     return None
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from vatra.config import DataConfig
 from vatra.data._base import DataContext, Datasets
-from vatra.errors import ConfigError
 from vatra.data.tabular.cells import outside_pins, stray_text
 from vatra.data.tabular.files import read_table, same_columns, table_files
 from vatra.data.tabular.memory import build_rows
 from vatra.data.tabular.plan import Plan, make_plan
 from vatra.data.tabular.stream import build_stream
+from vatra.errors import ConfigError
 
 
 def check_table(cfg: DataConfig, ctx: DataContext) -> None:

@@ -26,7 +26,7 @@ def _fix(column: str, outside: list[str], pinned: list[Any]) -> ConfigError:
 
 
 def pinned_vocab(column: str, seen: Iterable[str], pins: Pins) -> list[str]:
-    """The vocabulary of a categorical column: its pinned categories (as text), else the sorted values seen."""
+    """A categorical column's vocabulary: its pinned categories (as text), else the sorted values seen."""
     values = sorted(set(seen))
     if column not in pins:
         return values

@@ -73,7 +73,8 @@ def agree(
             if len(values) == 1 and column not in cfg.data.categories:
                 say(
                     f"column {column!r}: this owner holds one category only ({values[0]!r}) and sets the "
-                    f"federation's categories: pin data.categories.{column} so that owners with others can join"
+                    f"federation's categories: pin data.categories.{column} so that owners with others "
+                    "can join"
                 )
         return own
     if mine is None:
