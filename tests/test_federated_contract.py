@@ -274,3 +274,23 @@ def test_the_hub_adopts_the_first_contract_and_refuses_a_hostile_or_different_on
     )
     # and so is one that sends no contract at all
     assert join(1, first, None).code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_vatra_train_stops_before_its_workers_on_a_value_outside_the_pins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import vatra_in_process
+
+    _csv(tmp_path / "d.csv", ["F", "M", "female"])
+    (tmp_path / "t.toml").write_text(
+        '[data]\nname = "table"\npath = "d.csv"\ntarget = "y"\ncategories = { sex = ["F", "M"] }\n'
+    )
+    code, _, err = vatra_in_process(
+        capsys, "train", str(tmp_path / "t.toml"), "--run-dir", str(tmp_path / "run")
+    )
+    assert code == 2
+    assert err.strip() == (
+        "error: data.categories: column 'sex' holds 'female' in row 3 of d.csv (line 4), outside its "
+        "categories ['F', 'M'] (12 more cell(s) too); map it to one of them or add it to data.categories.sex"
+    )
+    assert not (tmp_path / "run").exists()

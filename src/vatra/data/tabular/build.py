@@ -15,9 +15,11 @@ from vatra.errors import ConfigError
 
 def check_table(cfg: DataConfig, ctx: DataContext) -> None:
     """The config's columns against the files' schema (files found, columns present, numeric or
-    declared categorical), reading no rows: a launcher checks this once before workers start."""
+    declared categorical) and the values of pinned columns (reading those columns only): a
+    launcher checks this once before workers start."""
     files = table_files(cfg)
-    make_plan(cfg, ctx, same_columns(files), lambda column: stray_text(files, column))
+    plan = make_plan(cfg, ctx, same_columns(files), lambda column: stray_text(files, column))
+    check_pins(cfg, plan, files)
 
 
 def build_table(cfg: DataConfig, ctx: DataContext) -> Datasets:
