@@ -294,3 +294,23 @@ def test_vatra_train_stops_before_its_workers_on_a_value_outside_the_pins(
         "categories ['F', 'M'] (12 more cell(s) too); map it to one of them or add it to data.categories.sex"
     )
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("labels", [["benign", "malignant"], ["false", "true"], ["0", "1"]])
+def test_an_owner_missing_a_class_trains_on_the_federations_classes(
+    tmp_path: Path, labels: list[str]
+) -> None:
+    # Prepare: a site whose rows hold one diagnosis only (text, boolean or integer labels)
+    def table(path: Path, values: list[str]) -> Path:
+        rows = [f"{i / 10},{'FM'[i % 2]},{values[i % len(values)]}" for i in range(20)]
+        path.write_text("age,sex,y\n" + "\n".join(rows) + "\n")
+        return path
+
+    cfg = _cfg()
+    federation = _server_contract(cfg, table(tmp_path / "held.csv", labels))
+    # Execute
+    site = _agree(cfg, table(tmp_path / "site.csv", labels[:1]), federation, [])
+    # Assert: two classes, in the federation's order, class ids as the server's
+    assert contract_of(site.train) == federation
+    assert site.spec.num_classes == 2
+    assert set(site.train.fields["y"].tolist()) == {0}

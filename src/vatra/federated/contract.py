@@ -56,12 +56,18 @@ class DataContract:
             "encoding",
         }:
             raise ValueError("a data contract is an object of numeric, categories, target, classes, encoding")
-        if len(json.dumps(raw)) > MAX_BYTES:
+        try:
+            size = len(json.dumps(raw))
+        except (RecursionError, TypeError, ValueError):
+            raise ValueError("the data contract is not plain JSON") from None
+        if size > MAX_BYTES:
             raise ValueError(f"the data contract is over {MAX_BYTES // 1024} KiB")
         if raw["encoding"] not in ("onehot", "embedding"):
             raise ValueError(f"encoding must be onehot or embedding, got {raw['encoding']!r}")
         numeric, target = _names(raw["numeric"], "numeric"), _names(raw["target"], "target")
-        categories = {c: _names(v, f"the categories of {c!r}") for c, v in _named(raw["categories"]).items()}
+        categories = {
+            c: _names(v, f"the categories of {c!r}", empty=True) for c, v in _named(raw["categories"]).items()
+        }
         classes = {c: _classes(v, c) for c, v in _named(raw["classes"]).items()}
         columns = [*numeric, *categories, *target]
         if len(set(columns)) != len(columns):
@@ -71,16 +77,16 @@ class DataContract:
         return cls(tuple(numeric), categories, tuple(target), classes, raw["encoding"])
 
 
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
-        raise ValueError(f"{what}: {value!r} is not a name of 1 to {MAX_NAME} characters")
+def _text(value: Any, what: str, empty: bool = False) -> str:
+    if not isinstance(value, str) or not int(not empty) <= len(value) <= MAX_NAME:
+        raise ValueError(f"{what}: {value!r} is not a name of at most {MAX_NAME} characters")
     return value
 
 
-def _names(raw: Any, what: str) -> list[str]:
+def _names(raw: Any, what: str, empty: bool = False) -> list[str]:
     if not isinstance(raw, list):
         raise ValueError(f"{what} must be a list")
-    names = [_text(v, what) for v in raw]
+    names = [_text(v, what, empty) for v in raw]
     if len(set(names)) != len(names):
         raise ValueError(f"{what} lists a value twice")
     return names
@@ -93,12 +99,13 @@ def _named(raw: Any) -> dict[str, Any]:
 
 
 def _classes(raw: Any, column: str) -> list[str | int]:
+    """Classes are all text, all integers (below 2^53) or all booleans (the target column's type)."""
     if not isinstance(raw, list) or not raw:
         raise ValueError(f"the classes of {column!r} must be a non-empty list")
-    if all(type(v) is int and abs(v) < 2**53 for v in raw):
+    if all(type(v) is int and abs(v) < 2**53 for v in raw) or all(type(v) is bool for v in raw):
         values: list[str | int] = list(raw)
     else:
-        values = list(_names(raw, f"the classes of {column!r}"))
+        values = list(_names(raw, f"the classes of {column!r}", empty=True))
     if len(set(values)) != len(values):
         raise ValueError(f"the classes of {column!r} list a value twice")
     return values

@@ -50,12 +50,14 @@ def outside_pins(files: list[str], column: str, pinned: list[str]) -> tuple[str,
     import pyarrow.compute as pc
 
     pa = arrow()
-    allowed = pa.array(pinned, pa.string())
+    truth = {"true": "true", "1": "true", "false": "false", "0": "false"}  # a bool column reads as these
     first: str | None = None
     more = 0
     for f in files:
-        col = pc.cast(read_table([f], [column]).column(column), pa.string())
-        out = pc.invert(pc.is_in(col, value_set=allowed)).fill_null(False)
+        col = read_table([f], [column]).column(column)
+        allowed = [truth.get(p.lower(), p) for p in pinned] if pa.types.is_boolean(col.type) else pinned
+        col = pc.cast(col, pa.string())
+        out = pc.invert(pc.is_in(col, value_set=pa.array(allowed, pa.string()))).fill_null(False)
         n_out = int(pc.sum(out).as_py() or 0)
         if n_out and first is None:
             row = pc.index(out, True).as_py()

@@ -44,15 +44,19 @@ def pinned_classes(column: str, seen: Iterable[Any], pins: Pins) -> list[Any]:
     if column not in pins:
         return values
     raw = list(pins[column])
-    if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    pinned: list[Any] = [str(v) for v in raw]
+    if values and all(isinstance(v, bool) for v in values):  # a bool column: True / False, 1 / 0
+        truth = {"true": True, "1": True, "false": False, "0": False}
+        if not all(str(v).lower() in truth for v in raw):
+            raise ConfigError(f"data.categories: target {column!r} holds booleans, but its pins are {raw}")
+        pinned = [truth[str(v).lower()] for v in raw]
+    elif values and all(isinstance(v, int) for v in values):
         try:
-            pinned: list[Any] = [int(v) for v in raw]
+            pinned = [int(v) for v in raw]
         except ValueError:
             raise ConfigError(
                 f"data.categories: target {column!r} holds integers, but its pinned classes are {raw}"
             ) from None
-    else:
-        pinned = [str(v) for v in raw]
     outside = [v for v in values if v not in set(pinned)]
     if outside:
         raise _fix(column, [str(v) for v in outside], pinned)

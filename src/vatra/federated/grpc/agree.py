@@ -68,6 +68,13 @@ def agree(
     """This owner's data, encoded as the federation's contract says (``own`` itself when it already
     is); ConfigError with one line when its columns, categories or classes cannot be."""
     mine = contract_of(own.train)
+    if mine is not None:
+        try:
+            DataContract.from_json(mine.to_json())  # what the server will check of it
+        except ValueError as err:
+            raise ConfigError(
+                f"--data: this owner's columns cannot be told to the federation: {err}"
+            ) from None
     if federation is None:  # the first to publish: its contract becomes the federation's
         for column, values in (mine.categories if mine else {}).items():
             if len(values) == 1 and column not in cfg.data.categories:
