@@ -5,7 +5,7 @@ messages, :mod:`vatra.federated.wire`). Every call carries ``x-vatra-client`` an
 ``x-vatra-token`` metadata; the server checks the token against ``tokens.json`` (constant time).
 
 - ``Join`` — say hello with the shape of its data (:func:`~vatra.federated.data.spec_to_json`:
-  input shape, classes; no rows, no names) and its training-row count. Without ``--eval-data`` the
+  input shape, classes; no rows) and its training-row count. Without ``--eval-data`` the
   server builds its model from the first client's spec, once it is in range and the model fits
   ``max_message_mb``; a client whose spec differs, or is out of range, is refused. A table's join
   also carries its data contract (columns, categories, classes: :mod:`~vatra.federated.contract`).
