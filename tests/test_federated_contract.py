@@ -314,3 +314,44 @@ def test_an_owner_missing_a_class_trains_on_the_federations_classes(
     assert contract_of(site.train) == federation
     assert site.spec.num_classes == 2
     assert set(site.train.fields["y"].tolist()) == {0}
+
+
+def test_an_owner_that_read_no_contract_before_another_published_one_conforms_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from tests._fl_helpers import start_client, start_server
+
+    import vatra.federated.grpc.client as grpc_client
+    from vatra.rundir import read_jsonl
+
+    # Prepare: a server with no data; owner 0 publishes sex = F, M; owner 1 (women only) read the
+    # contract before that (owners starting together), so it joins with its own sex = F
+    generate(tmp_path / "certs", 2)
+    cfg = _cfg(val_fraction=0.2)
+    cfg = cfg.model_copy(update={"federated": cfg.federated.model_copy(update={"min_clients": 2})})
+    real, stale = grpc_client.fetch_contract, [1]
+
+    def fetch(target: str, ca: bytes, client_id: int, token: str, retry_s: float) -> DataContract | None:
+        if client_id == 1 and stale:  # its first read: before owner 0 joined
+            stale.pop()
+            return None
+        return real(target, ca, client_id, token, retry_s)
+
+    monkeypatch.setattr(grpc_client, "fetch_contract", fetch)
+    server, address = start_server(cfg, tmp_path / "certs", tmp_path / "run")
+    first = start_client(cfg, address, 0, tmp_path / "certs", data=str(_csv(tmp_path / "c0.csv", ["F", "M"])))
+    events = tmp_path / "run" / "events.jsonl"
+    deadline = time.monotonic() + 30
+    while not (events.exists() and any(e["event"] == "data_contract" for e in read_jsonl(events))):
+        assert time.monotonic() < deadline, "owner 0 published no contract"
+        time.sleep(0.05)
+    # Execute
+    second = start_client(cfg, address, 1, tmp_path / "certs", data=str(_csv(tmp_path / "c1.csv", ["F"])))
+    # Assert: refused once (its categories in another extent), then it read the contract and trained
+    assert second.join_result(60) == first.join_result(60) == 1
+    assert server.join_result(30)["rounds"] == 1
+    logged = read_jsonl(events)
+    assert [e["client"] for e in logged if e["event"] == "join_refused"] == [1]
+    assert sorted(e["client"] for e in logged if e["event"] == "joined") == [0, 1]

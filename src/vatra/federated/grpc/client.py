@@ -44,6 +44,10 @@ def client_data(cfg: Config, data: str | ClientData | None) -> ClientData:
     return own_data(build_dataset(cfg.data, data_context(cfg)), "data")
 
 
+class _ContractRaced(Exception):
+    """Another owner published the federation's data contract between this client's read and its join."""
+
+
 def run_client(
     cfg: Config,
     target: str,
@@ -66,7 +70,28 @@ def run_client(
     (RESOURCE_EXHAUSTED: the call is sent again) for up to ``retry_s`` seconds, with a capped
     exponential back-off and jitter between attempts.
     ``slow_s`` sleeps before each upload (a slow device, for drills and tests).
+    A client that read no data contract and whose join is refused because another owner published
+    one meanwhile (owners starting together) starts again once: it reads that contract and conforms.
     """
+    try:
+        return _run(cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress, raced=False)
+    except _ContractRaced:
+        return _run(cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress, raced=True)
+
+
+def _run(
+    cfg: Config,
+    target: str,
+    client_id: int,
+    certs: Path,
+    data: str | ClientData | None,
+    retry_s: float,
+    slow_s: float,
+    hook: UploadHook | None,
+    progress: bool,
+    raced: bool,
+) -> int:
+    """:func:`run_client`'s session; ``raced``: the second, after a contract published meanwhile."""
     if not 0 <= client_id < cfg.federated.clients:
         raise ConfigError(f"--client-id {client_id}: must be in [0, {cfg.federated.clients})")
     torch.set_num_threads(1)
@@ -111,7 +136,13 @@ def run_client(
         while True:
             try:
                 if not joined:
-                    remote.call("Join", hello)
+                    try:
+                        remote.call("Join", hello)
+                    except grpc.RpcError as err:
+                        published = federation is None and mine is not None and not raced
+                        if published and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                            raise _ContractRaced from None
+                        raise
                     joined = True
                     say(f"joined {target}")
                 blob = remote.call("Poll", timeout=POLL_WAIT_S + 30)

@@ -142,16 +142,20 @@ class Hub:
                 self.spec = spec
                 self.run_dir.log_event("model_spec", client=cid, spec=spec_to_json(spec))
                 self.cond.notify_all()
-            if self.contract is None and contract is not None:
+            mine, theirs = spec_to_json(self.spec), spec_to_json(spec)
+            if self.contract is None and contract is not None and mine == theirs:  # the first to publish
                 self.contract = contract
                 self.run_dir.log_event("data_contract", client=cid, contract=contract.to_json())
-            mine, theirs = spec_to_json(self.spec), spec_to_json(spec)
             federation = self.contract
         if federation is not None and contract != federation:
-            differs = None if contract is None else conform_problem(contract, federation)
-            reason = f"client {cid}'s data does not follow the federation's data contract: " + (
-                differs or "it sends no contract, or its columns, categories or classes are in another order"
-            )
+            if contract is None:
+                differs = "it sends none (its data is no table)"
+            else:
+                differs = conform_problem(contract, federation) or (
+                    "its columns, categories or classes are not yet in the federation's order "
+                    "(the client reads the contract and conforms when it joins again)"
+                )
+            reason = f"client {cid}'s data does not follow the federation's data contract: {differs}"
             self._refuse_join(context, cid, grpc.StatusCode.FAILED_PRECONDITION, reason)
         if mine != theirs:
             diff = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs.get(k)}
