@@ -355,3 +355,12 @@ def test_an_owner_that_read_no_contract_before_another_published_one_conforms_to
     logged = read_jsonl(events)
     assert [e["client"] for e in logged if e["event"] == "join_refused"] == [1]
     assert sorted(e["client"] for e in logged if e["event"] == "joined") == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("pins", "message"),
+    [({"sex": []}, "categories.sex is empty"), ({"sex": ["F", "M", "F"]}, r"categories.sex lists \['F'\] more")],
+)
+def test_bad_pins_are_refused_when_the_config_loads(pins: dict[str, list[str]], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _cfg(categories=pins)
