@@ -359,7 +359,10 @@ def test_an_owner_that_read_no_contract_before_another_published_one_conforms_to
 
 @pytest.mark.parametrize(
     ("pins", "message"),
-    [({"sex": []}, "categories.sex is empty"), ({"sex": ["F", "M", "F"]}, r"categories.sex lists \['F'\] more")],
+    [
+        ({"sex": []}, "categories.sex is empty"),
+        ({"sex": ["F", "M", "F"]}, r"categories.sex lists \['F'\] more"),
+    ],
 )
 def test_bad_pins_are_refused_when_the_config_loads(pins: dict[str, list[str]], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
