@@ -189,7 +189,9 @@ def test_a_client_whose_data_does_not_fit_the_model_is_refused_in_one_line(tmp_p
         cfg, tmp_path / "certs", tmp_path / "run", eval_data=str(tmp_path / "held.csv")
     )
     bad = start_client(cfg, address, 1, tmp_path / "certs", data=str(narrow), retry_s=10)
-    with pytest.raises(Exception, match=r"does not fit the server's model.*input_shape"):
+    with pytest.raises(
+        ConfigError, match=r"column 'f1': the federation's data has it, this owner's does not"
+    ):
         bad.join_result(60)
     good = start_client(cfg, address, 0, tmp_path / "certs", data=str(tmp_path / "held.csv"))
     assert good.join_result(120) == 1

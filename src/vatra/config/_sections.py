@@ -163,6 +163,12 @@ class DataConfig(Section):
     )
     features: list[str] = Field([], description="table: feature columns; [] = every other column.")
     categorical: list[str] = Field([], description="table: feature columns read as categories.")
+    categories: dict[str, list[str | int]] = Field(
+        {},
+        description="table: pinned categories per column, in order, e.g. { sex = ['F', 'M'] }: the "
+        "one-hot columns (or ids) follow this order, a value outside it is an error; a feature named "
+        "here is read as categories; a classification target named here pins its classes.",
+    )
     categorical_encoding: Literal["onehot", "embedding"] = Field(
         "onehot",
         description="table: categories as one-hot columns, or as integer ids (inputs['ids']) for "
@@ -216,6 +222,12 @@ class DataConfig(Section):
             raise ValueError(f"informative ({self.informative}) must be ≤ n_features ({self.n_features})")
         if len(self.image_size) != 2 or min(self.image_size) < 1:
             raise ValueError(f"image_size must be [H, W] with both ≥ 1 (got {self.image_size})")
+        for column, values in self.categories.items():
+            if not values:
+                raise ValueError(f"categories.{column} is empty: list the column's categories in order")
+            repeated = sorted({str(v) for v in values if [str(w) for w in values].count(str(v)) > 1})
+            if repeated:
+                raise ValueError(f"categories.{column} lists {repeated} more than once")
         return self
 
 

@@ -105,8 +105,16 @@ def make_plan(
             f"data.categorical: {', '.join(map(repr, outside))} is not a feature column; "
             f"the features are: {', '.join(features)}"
         )
-    categorical = [c for c in features if c in cfg.categorical]
-    numeric = [c for c in features if c not in cfg.categorical]
+    pinned = [c for c in cfg.categories if c not in target]  # a pinned feature is read as categories
+    outside = [c for c in pinned if c not in features]
+    if outside:
+        raise ConfigError(
+            f"data.categories: {', '.join(map(repr, outside))} is neither a feature nor a target column; "
+            f"the features are: {', '.join(features)}"
+        )
+    declared = {*cfg.categorical, *pinned}
+    categorical = [c for c in features if c in declared]
+    numeric = [c for c in features if c not in declared]
     for c in numeric:
         if _kind_of(types[c]) not in ("float", "int", "bool"):
             where = stray(c) if stray is not None else None

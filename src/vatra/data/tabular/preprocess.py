@@ -27,6 +27,7 @@ from vatra._io import atomic_write
 from vatra.config import DataConfig
 from vatra.data._base import Batch, DataContext, DatasetSpec, TargetSpec, preprocess_path
 from vatra.data.tabular.files import arrow
+from vatra.data.tabular.pins import pinned_classes, pinned_vocab, saved_pins_problem, unpinnable
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -184,12 +185,15 @@ class Preprocess:
             "standardize": cfg.standardize,
         }
         have = {k: getattr(self, k) for k in want}
+        fix = "use a new run folder or restore the config it was fitted for"
         for key, value in want.items():
             if have[key] != value:
                 raise ConfigError(
-                    f"data: {path} was fitted for {key} = {have[key]!r} but the config gives {value!r}; "
-                    "use a new run folder or restore the config it was fitted for"
+                    f"data: {path} was fitted for {key} = {have[key]!r} but the config gives {value!r}; {fix}"
                 )
+        pins = saved_pins_problem(self.vocab, self.classes, cfg.categories)
+        if pins:
+            raise ConfigError(f"data: {path} was fitted for {pins}; {fix}")
 
     # -- transform ---------------------------------------------------------------------------
 
@@ -387,6 +391,7 @@ class Fitter:
         if task == "auto-multi":
             task = "multilabel" if all(self.binary.values()) else "regression"
             kinds = dict.fromkeys(plan.target, task)
+        unpinnable(cfg.categories, plan.categorical, self.classes)
         std = np.sqrt(self.m2 / np.maximum(self.n, 1.0))
         std = np.where(std > 0, std, 1.0)
         mean = [float(v) for v in self.mean]
@@ -401,8 +406,8 @@ class Fitter:
             mean=mean if cfg.standardize else [],
             std=[float(v) for v in std] if cfg.standardize else [],
             fill=mean if cfg.nan == "mean" else [],
-            vocab={c: sorted(v) for c, v in self.vocab.items()},
-            classes={t: sorted(v) for t, v in self.classes.items()},
+            vocab={c: pinned_vocab(c, v, cfg.categories) for c, v in self.vocab.items()},
+            classes={t: pinned_classes(t, v, cfg.categories) for t, v in self.classes.items()},
         )
 
 

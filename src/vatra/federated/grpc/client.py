@@ -1,6 +1,8 @@
 """The client side of the gRPC deployment: ``vatra fl client`` (:func:`run_client`).
 
-A client joins with the shape of its own data, heartbeats, long-polls for its task, trains and
+A client reads the federation's data contract and conforms to it (:mod:`.agree`: same columns,
+categories in the federation's order, or it stops with one line naming the column), joins with the
+shape and contract of its own data, heartbeats, long-polls for its task, trains and
 evaluates on its own rows, and answers secure-aggregation stages; its rows and their labels never
 leave its process. The connection and its retries are :class:`~.remote.RemoteServer`.
 """
@@ -21,7 +23,9 @@ from vatra.errors import ConfigError, VatraError
 from vatra.federated._base import EvalRes, UploadHook
 from vatra.federated.certs import client_credentials
 from vatra.federated.client import LocalClient, TaskRefused
+from vatra.federated.contract import contract_of
 from vatra.federated.data import ClientData, data_context, load_source, own_data, spec_to_json
+from vatra.federated.grpc.agree import agree, fetch_contract
 from vatra.federated.grpc.guard import server_options
 from vatra.federated.grpc.hub import POLL_WAIT_S
 from vatra.federated.grpc.remote import RemoteServer, backoff_s
@@ -38,6 +42,10 @@ def client_data(cfg: Config, data: str | ClientData | None) -> ClientData:
     if data:
         return own_data(load_source(cfg, data, "--data"), "--data")
     return own_data(build_dataset(cfg.data, data_context(cfg)), "data")
+
+
+class _ContractRaced(Exception):
+    """Another owner published the federation's data contract between this client's read and its join."""
 
 
 def run_client(
@@ -62,14 +70,51 @@ def run_client(
     (RESOURCE_EXHAUSTED: the call is sent again) for up to ``retry_s`` seconds, with a capped
     exponential back-off and jitter between attempts.
     ``slow_s`` sleeps before each upload (a slow device, for drills and tests).
+    A client that read no data contract and whose join is refused because another owner published
+    one meanwhile (owners starting together) starts again once: it reads that contract and conforms.
     """
+    try:
+        return _run(cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress, raced=False)
+    except _ContractRaced:
+        return _run(cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress, raced=True)
+
+
+def _run(
+    cfg: Config,
+    target: str,
+    client_id: int,
+    certs: Path,
+    data: str | ClientData | None,
+    retry_s: float,
+    slow_s: float,
+    hook: UploadHook | None,
+    progress: bool,
+    raced: bool,
+) -> int:
+    """:func:`run_client`'s session; ``raced``: the second, after a contract published meanwhile."""
     if not 0 <= client_id < cfg.federated.clients:
         raise ConfigError(f"--client-id {client_id}: must be in [0, {cfg.federated.clients})")
     torch.set_num_threads(1)
     ca, token = client_credentials(certs, client_id)
+
+    def say(line: str) -> None:
+        if progress:
+            print(f"client {client_id}: {line}", flush=True)
+
     own = client_data(cfg, data)
+    federation = fetch_contract(target, ca, client_id, token, retry_s)
+    rebuild = None if isinstance(data, ClientData) else (lambda pinned: client_data(pinned, data))
+    own = agree(cfg, own, federation, rebuild, say)
     local = LocalClient(cfg, own.spec, lambda _cid: own, hook or build_private_hook(cfg, device=True))
-    hello = encode({"kind": "join", "spec": spec_to_json(own.spec), "num_train": own.num_train})
+    mine = contract_of(own.train)
+    hello = encode(
+        {
+            "kind": "join",
+            "spec": spec_to_json(own.spec),
+            "num_train": own.num_train,
+            "contract": None if mine is None else mine.to_json(),
+        }
+    )
     upload, download = message_sizes(cfg, local.layout.size)  # what it sends, what it may receive
     remote = RemoteServer(target, ca, client_id, token, server_options(download, upload), busy_s=retry_s)
     stop = threading.Event()
@@ -82,10 +127,6 @@ def run_client(
             except grpc.RpcError:
                 continue
 
-    def say(line: str) -> None:
-        if progress:
-            print(f"client {client_id}: {line}", flush=True)
-
     trained = 0
     last_ok = time.monotonic()
     outages = 0  # failed attempts since the server last answered: the back-off's exponent
@@ -95,7 +136,13 @@ def run_client(
         while True:
             try:
                 if not joined:
-                    remote.call("Join", hello)
+                    try:
+                        remote.call("Join", hello)
+                    except grpc.RpcError as err:
+                        published = federation is None and mine is not None and not raced
+                        if published and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                            raise _ContractRaced from None
+                        raise
                     joined = True
                     say(f"joined {target}")
                 blob = remote.call("Poll", timeout=POLL_WAIT_S + 30)

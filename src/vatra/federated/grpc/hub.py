@@ -10,6 +10,10 @@ its answer (``Submit``). What a client can make the server do is bounded here:
 - ``Join``: the first joiner's data spec sizes the model (no ``--eval-data``), so it is checked
   first (:func:`~vatra.federated.model_spec.spec_problem`); a bad one is refused with
   ``INVALID_ARGUMENT`` and a ``join_refused`` event, and the server waits for another client.
+  Its data contract (:mod:`~vatra.federated.contract`, bounded and type-checked) becomes the
+  federation's when the server has none; a later joiner whose contract differs is refused with
+  ``FAILED_PRECONDITION`` and the line naming the column.
+- ``Contract``: the federation's data contract (or none yet), which a client reads before it joins.
 - ``Poll``: a task is logged (``task_sent``) and counted in ``bytes_down`` once, when first
   handed out. The same task again (its answer lost) at most once per :data:`REFETCH_S`; a
   faster poll is held like any long poll, so a flood costs neither log lines nor bandwidth.
@@ -33,6 +37,7 @@ from vatra.data import DatasetSpec
 from vatra.errors import VatraError
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials
+from vatra.federated.contract import DataContract, conform_problem, pins_problem
 from vatra.federated.data import spec_from_json, spec_to_json
 from vatra.federated.grpc.guard import metadata_client
 from vatra.federated.grpc.remote import SERVICE
@@ -63,6 +68,7 @@ class Hub:
         run_dir: RunDir,
         hook: UploadHook,
         spec: DatasetSpec | None = None,
+        contract: DataContract | None = None,
     ) -> None:
         self.config = cfg
         self.cfg = cfg.federated
@@ -71,6 +77,7 @@ class Hub:
         self.hook = hook
         self.cond = threading.Condition()
         self.spec = spec  # the model's data spec: the server's eval data, else the first client's
+        self.contract = contract  # the federation's data contract: the same, for tables
         self.declared: dict[int, int] = {}  # training rows each client declared at join
         self.last_seen: dict[int, float] = {}
         self.round = 0  # (round, phase): the task set posted now; a result is only ever for it
@@ -117,12 +124,16 @@ class Hub:
             if not isinstance(given, int) or isinstance(given, bool) or not 0 < given < 2**53:
                 raise ValueError(f"num_train must be a positive integer, got {given!r}")
             rows = given
+            raw = meta.get("contract")
+            contract = None if raw is None else DataContract.from_json(raw)
         except (WireError, ValueError, TypeError) as err:
             reason = f"client {cid}: a join must say the shape of its data ({err})"
             self._refuse_join(context, cid, grpc.StatusCode.INVALID_ARGUMENT, reason)
         with self.cond:
             first = self.spec is None
         problem = spec_problem(self.config, spec) if first else None  # outside the lock: builds on meta
+        if problem is None and contract is not None and self.contract is None:
+            problem = pins_problem(self.config, contract)
         if problem is not None:
             reason = f"client {cid}: the server cannot build its model from this join: {problem}"
             self._refuse_join(context, cid, grpc.StatusCode.INVALID_ARGUMENT, reason)
@@ -132,6 +143,20 @@ class Hub:
                 self.run_dir.log_event("model_spec", client=cid, spec=spec_to_json(spec))
                 self.cond.notify_all()
             mine, theirs = spec_to_json(self.spec), spec_to_json(spec)
+            if self.contract is None and contract is not None and mine == theirs:  # the first to publish
+                self.contract = contract
+                self.run_dir.log_event("data_contract", client=cid, contract=contract.to_json())
+            federation = self.contract
+        if federation is not None and contract != federation:
+            if contract is None:
+                differs = "it sends none (its data is no table)"
+            else:
+                differs = conform_problem(contract, federation) or (
+                    "its columns, categories or classes are not yet in the federation's order "
+                    "(the client reads the contract and conforms when it joins again)"
+                )
+            reason = f"client {cid}'s data does not follow the federation's data contract: {differs}"
+            self._refuse_join(context, cid, grpc.StatusCode.FAILED_PRECONDITION, reason)
         if mine != theirs:
             diff = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs.get(k)}
             reason = f"client {cid}'s data does not fit the server's model: (client, server) = {diff}"
@@ -154,6 +179,13 @@ class Hub:
                     )
                 self.cond.wait(0.2)
             return self.spec
+
+    def data_contract(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """The federation's data contract, or none while no party has published one."""
+        self._auth(context)
+        with self.cond:
+            contract = self.contract
+        return encode({"kind": "contract", "contract": None if contract is None else contract.to_json()})
 
     def heartbeat(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._auth(context)
@@ -250,6 +282,7 @@ class Hub:
     def handler(self) -> grpc.GenericRpcHandler:
         methods: dict[str, Callable[[bytes, grpc.ServicerContext], bytes]] = {
             "Join": self.join,
+            "Contract": self.data_contract,
             "Heartbeat": self.heartbeat,
             "Poll": self.poll,
             "Submit": self.submit,

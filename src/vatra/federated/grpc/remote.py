@@ -95,7 +95,7 @@ class RemoteServer:
         self.busy_s = busy_s
         self.calls = {
             m: self.channel.unary_unary(f"/{SERVICE}/{m}")
-            for m in ("Join", "Heartbeat", "Poll", "Submit", "SecAgg")
+            for m in ("Contract", "Join", "Heartbeat", "Poll", "Submit", "SecAgg")
         }
 
     def call(self, method: str, payload: bytes = b"", timeout: float = 30.0, *, retry: bool = True) -> bytes:

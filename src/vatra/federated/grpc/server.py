@@ -5,9 +5,12 @@ messages, :mod:`vatra.federated.wire`). Every call carries ``x-vatra-client`` an
 ``x-vatra-token`` metadata; the server checks the token against ``tokens.json`` (constant time).
 
 - ``Join`` — say hello with the shape of its data (:func:`~vatra.federated.data.spec_to_json`:
-  input shape, classes; no rows, no names) and its training-row count. Without ``--eval-data`` the
+  input shape, classes; no rows) and its training-row count. Without ``--eval-data`` the
   server builds its model from the first client's spec, once it is in range and the model fits
-  ``max_message_mb``; a client whose spec differs, or is out of range, is refused.
+  ``max_message_mb``; a client whose spec differs, or is out of range, is refused. A table's join
+  also carries its data contract (columns, categories, classes: :mod:`~vatra.federated.contract`).
+- ``Contract`` — the federation's data contract, read by a client before it joins: the server's
+  own, from ``--eval-data``, else the first client's; none before.
 - ``Heartbeat`` — every ``heartbeat_s``; a client silent for ``heartbeat_s × heartbeat_misses`` is
   a drop-out (a failure of its round).
 - ``Poll`` — long poll: returns the client's task for the current phase (train, or evaluate on its
@@ -39,6 +42,7 @@ from vatra.federated._base import UploadHook
 from vatra.federated.certs import ServerCredentials
 from vatra.federated.client import initial_weights
 from vatra.federated.compression import build_upload_hook
+from vatra.federated.contract import contract_of
 from vatra.federated.data import load_source, own_data
 from vatra.federated.grpc.guard import TokenAuth, guarded_server, payload_rule, receive_limit
 from vatra.federated.grpc.hub import POLL_WAIT_S, Hub
@@ -88,8 +92,9 @@ def serve(
     held: Any = eval_data
     if isinstance(eval_data, str):
         held, spec = server_eval_data(cfg, eval_data, run_dir)
+    contract = contract_of(held[0] if isinstance(held, list) and held else held)
     hub = Hub(
-        cfg, creds, run_dir, hook or UploadHook(), spec
+        cfg, creds, run_dir, hook or UploadHook(), spec, contract
     )  # the upload hook is set once the model is known
     # Every call is authenticated from its metadata before a handler runs; messages are capped
     # near the largest the protocol sends (gRPC refuses a bigger one while reading it). Until the
