@@ -311,7 +311,11 @@ def write_report(
     counts: dict[str, int] = {}
     for e in events:
         counts[_event_kind(e)] = counts.get(_event_kind(e), 0) + 1
-    cards: list[tuple[str, object]] = [(f"{x}s", len(rows)), *sorted(counts.items())]
+    # steps taken, not lines: a rollback or a resume logs the steps it replays again
+    taken = len({r[x] for r in rows if x in r})
+    cards: list[tuple[str, object]] = [(f"{x}s", taken), *sorted(counts.items())]
+    if len(rows) > taken:
+        cards.insert(1, (f"{x}s replayed", len(rows) - taken))
     shown = headline(summary) if summary else None
     if shown:
         cards.insert(0, (f"val {shown[0]}", f"{shown[1]:.4f}"))
