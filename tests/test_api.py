@@ -108,28 +108,59 @@ def test_fit_refuses_val_without_train(tmp_path: Path) -> None:
         vatra.fit(_config(), val=Pairs(8, 0), run_dir=tmp_path / "run")
 
 
+def test_run_name_names_the_folder_vatra_run_made_and_a_restart_finds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: what `vatra run train.py` (no --run-dir) hands each rank: a folder named after the
+    # script, created before the script's config was read
+    from vatra.api import RUN_DIR_ENV, RUN_STEM_ENV
+
+    launched = tmp_path / "runs" / "train-20261206-101500-42"
+    launched.mkdir(parents=True)
+    monkeypatch.setenv(RUN_DIR_ENV, str(launched))
+    monkeypatch.setenv(RUN_STEM_ENV, "train")
+    cfg = {
+        **_config(steps=10),
+        "run": {**QUIET["run"], "name": "diabetes", "out_dir": str(tmp_path / "runs")},
+    }
+
+    # Execute: the script's vatra.fit, then the same after a restart of the group
+    first = vatra.fit(cfg)
+    said = capsys.readouterr().out
+    again = vatra.fit(cfg)
+
+    # Assert: the run's folder is named as run.name says, found again through the launcher's link
+    named = tmp_path / "runs" / "diabetes-20261206-101500-42"
+    assert first.run_dir == named and (named / "summary.json").is_file()
+    assert launched.is_symlink() and launched.resolve() == named.resolve()
+    assert f"vatra: run folder {named} (run.name)" in said
+    assert again.run_dir == named.resolve()
+
+
 @pytest.mark.slow(43)
 def test_vatra_run_launches_a_users_script_on_two_processes(tmp_path: Path) -> None:
-    # Execute: the example script, 2 gloo ranks, its own arguments after --
+    # Execute: the example script, 2 gloo ranks, its own arguments after --; no --run-dir: the
+    # folder is named as the script's config says (run.name = "energy"), under ./runs
     out = run_vatra(
         "run",
         str(ROOT / "examples" / "custom_script.py"),
         "--nproc",
         "2",
-        "--run-dir",
-        str(tmp_path / "r"),
         "--",
         "--steps",
         "40",
         timeout=300,
+        cwd=tmp_path,
     )
 
     # Assert
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    (run,) = (tmp_path / "runs").iterdir()  # the launcher's link to it is gone
+    assert run.name.startswith("energy-") and not run.is_symlink(), run
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 40 and summary["task"] == "regression"
     assert "val MAE" in out.stdout and out.stdout.count("val MAE") == 1  # rank 0 prints it
-    metrics = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 40
 
 

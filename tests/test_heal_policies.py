@@ -14,18 +14,23 @@ from tests.conftest import small_config
 
 from vatra.engine import Plugin, Trainer
 from vatra.errors import VatraError
-from vatra.monitor import JsonlWriter, Monitor
+from vatra.monitor import JsonlWriter, Monitor, ProgressDisplay
+from vatra.monitor.report import write_report
 from vatra.monitor.signals import Verdict
 from vatra.resilience.chaos import TrainingFaults
 from vatra.resilience.heal import ActionCap, Healer, HealingFailed, Rollback, SkipSpike
 from vatra.rundir import RunDir, read_jsonl
 
 
-def _fit(tmp_path: Path, steps: int = 150, **sections: Any) -> tuple[Trainer, RunDir, dict[str, Any]]:
+def _fit(
+    tmp_path: Path, steps: int = 150, eval_every: int = 0, **sections: Any
+) -> tuple[Trainer, RunDir, dict[str, Any]]:
     torch.set_num_threads(1)
-    cfg = small_config(train={"steps": steps, "batch_size": 32}, monitor={"warmup_steps": 30}, **sections)
+    train = {"steps": steps, "batch_size": 32, "eval_every": eval_every}
+    cfg = small_config(train=train, monitor={"warmup_steps": 30}, **sections)
     run_dir = RunDir(tmp_path / "run").create()
-    plugins = [TrainingFaults(cfg.chaos), Monitor(cfg), Healer(cfg), JsonlWriter(run_dir)]
+    shown = ProgressDisplay("plain", log_every=1000)  # the console's lines (rank 0's display)
+    plugins = [TrainingFaults(cfg.chaos), Monitor(cfg), Healer(cfg), shown, JsonlWriter(run_dir)]
     trainer = Trainer.from_config(cfg, plugins=plugins, run_dir=run_dir)
     return trainer, run_dir, trainer.fit()
 
@@ -44,15 +49,34 @@ def test_gradient_spike_update_is_skipped(tmp_path: Path) -> None:
     assert summary["heal_actions"].get("skip_update") == 1 and "rollback" not in summary["heal_actions"]
 
 
-def test_nan_rolls_back_and_training_stays_finite(tmp_path: Path) -> None:
-    trainer, run_dir, summary = _fit(tmp_path, chaos={"inject_nan_at": [90]})
+def test_nan_rolls_back_and_training_stays_finite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trainer, run_dir, summary = _fit(tmp_path, chaos={"inject_nan_at": [90]}, eval_every=40)
     actions = _actions(run_dir)
     assert ("skip_update" in {a for _, a in actions}) and ("rollback" in {a for _, a in actions})
     rollback = next(e for e in read_jsonl(run_dir.events) if e.get("action") == "rollback")
-    assert rollback["evidence"]["to_step"] <= 88 and rollback["evidence"]["lr_scale"] == 1.0
+    to_step = rollback["evidence"]["to_step"]
+    assert to_step <= 88 and rollback["evidence"]["lr_scale"] == 1.0
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert summary["steps"] == 150 and summary["val_accuracy"] > 0.8
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # no LR cut: the data was bad
+    # the console told each action once, as it happened
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if "skipped step" in line] == [
+        "vatra: skipped step 90: non-finite gradient norm"
+    ], out
+    assert [line for line in out if "rollback" in line] == [
+        f"vatra: rollback: non-finite gradient norm at step 90, back to step {to_step} (memory)"
+    ], out
+    # the final evaluation is the last step's record, once; the summary's figures are that record's
+    rows = read_jsonl(run_dir.metrics)
+    evals = [r for r in rows if "val_accuracy" in r]
+    assert [r["step"] for r in evals][-2:] == [120, 150] and rows[-1]["step"] == 150
+    assert evals[-1]["val_accuracy"] == summary["val_accuracy"]
+    # the report counts optimizer steps (150), not the lines the rollback replayed
+    replayed = len(rows) - 150
+    assert replayed > 0
+    page = write_report(run_dir.path, summary=summary).read_text()
+    assert "steps<b>150</b>" in page and f"steps replayed<b>{replayed}</b>" in page
 
 
 class DataOrder(Plugin):

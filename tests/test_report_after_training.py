@@ -106,3 +106,28 @@ def test_an_exporter_that_fails_to_stop_does_not_fail_the_run(capsys: pytest.Cap
     exporter.on_fit_end(trainer, {})
     assert events == [("exporter_failed", {"error": "OSError: socket already closed"})]
     assert capsys.readouterr().out.count("vatra: warning: exporter failed") == 1
+
+
+def test_a_first_report_on_a_loaded_machine_leaves_the_console_to_the_run(tmp_path: Path) -> None:
+    # Prepare: a run folder, and a new user's matplotlib: no font cache yet. Building it takes long
+    # enough on a loaded machine that matplotlib says so (after 5 s): here its timer fires at once.
+    import os
+    import subprocess
+    import sys
+
+    _write_run(tmp_path / "run", [(30, 2)])
+    slow_machine = (
+        "import threading\n"
+        "timer = threading.Timer\n"
+        "threading.Timer = lambda interval, fn, *a, **k: timer(0, fn, *a, **k)\n"
+        "from vatra.monitor.report import write_report\n"
+        f"write_report({str(tmp_path / 'run')!r})\n"
+    )
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl"), "PYTHONPATH": os.pathsep.join(sys.path)}
+    # Execute
+    done = subprocess.run([sys.executable, "-c", slow_machine], env=env, capture_output=True, text=True)
+    # Assert: the page is written and nothing of matplotlib's reached the console
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any((tmp_path / "mpl").glob("fontlist*"))  # the cache was built here, first
+    assert done.stderr == "" and done.stdout == "", done.stderr
+    assert (tmp_path / "run" / "report.html").is_file()

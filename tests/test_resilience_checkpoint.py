@@ -13,7 +13,7 @@ from tests.conftest import small_config
 from vatra.config import Config
 from vatra.engine import Trainer
 from vatra.errors import ConfigError
-from vatra.monitor import JsonlWriter
+from vatra.monitor import JsonlWriter, ProgressDisplay
 from vatra.resilience import LAST_GOOD, LATEST, CheckpointPlugin, corrupt_version, open_store
 from vatra.rundir import RunDir, read_jsonl
 
@@ -37,10 +37,11 @@ def _cfg(**checkpoint: object) -> Config:
     )
 
 
-def _fit(cfg: Config, run: Path) -> tuple[Trainer, CheckpointPlugin]:
+def _fit(cfg: Config, run: Path, *, console: bool = False) -> tuple[Trainer, CheckpointPlugin]:
     rd = RunDir(run).create()
     plugin = CheckpointPlugin(cfg, rd)
-    trainer = Trainer.from_config(cfg, plugins=[plugin, JsonlWriter(rd)], run_dir=rd)
+    shown = [ProgressDisplay("plain", log_every=1000)] if console else []
+    trainer = Trainer.from_config(cfg, plugins=[plugin, *shown, JsonlWriter(rd)], run_dir=rd)
     trainer.fit()
     return trainer, plugin
 
@@ -53,7 +54,9 @@ def _events(run: Path, kind: str) -> list[dict]:
     return [e for e in read_jsonl(run / "events.jsonl") if e["event"] == kind]
 
 
-def test_resume_from_an_earlier_version_is_bitwise_exact(tmp_path: Path) -> None:
+def test_resume_from_an_earlier_version_is_bitwise_exact(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Prepare: an uninterrupted run saves at 5, 10, 15, 20
     cfg = _cfg()
     ref, _ = _fit(cfg, tmp_path / "run")
@@ -62,7 +65,8 @@ def test_resume_from_an_earlier_version_is_bitwise_exact(tmp_path: Path) -> None
     # Execute: roll back to step 10 and train again in a fresh process state
     store.set_tag(LATEST, next(m["version"] for m in store.versions() if m["step"] == 10))
     torch.manual_seed(12345)  # disturb the global RNG: the resume must restore it
-    resumed, _ = _fit(cfg, tmp_path / "run")
+    capsys.readouterr()
+    resumed, _ = _fit(cfg, tmp_path / "run", console=True)
     # Assert: same weights, bit for bit (CPU, one process: no tolerance needed)
     assert resumed.state.step == 20
     assert all(torch.equal(a, b) for a, b in zip(_weights(ref), _weights(resumed), strict=True))
@@ -71,7 +75,13 @@ def test_resume_from_an_earlier_version_is_bitwise_exact(tmp_path: Path) -> None
     assert {m["attempt"] for m in lines[:20]} == {0} and {m["attempt"] for m in lines[20:]} == {1}
     second = {m["step"]: m for m in lines[20:]}
     assert all(second[m["step"]]["loss"] == m["loss"] for m in lines[10:20])
-    assert _events(tmp_path / "run", "resume")[0]["resumed_step"] == 10
+    (resume,) = _events(tmp_path / "run", "resume")
+    assert resume["resumed_step"] == 10
+    # the console says it once, as it happens: before the first step line, from where it went on
+    out = capsys.readouterr().out.splitlines()
+    said = [line for line in out if "resumed" in line]
+    assert said == [f"vatra: resumed from checkpoint version {resume['version']} at step 10"], out
+    assert out.index(said[0]) < next(i for i, line in enumerate(out) if line.startswith("step "))
 
 
 def test_corrupt_checkpoint_falls_back_to_parent(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     hit = start_training(tmp_path / "hit", *steps, "--set", "chaos.kill_at_steps=[15]", "--max-restarts", "2")
     # Execute
     _ref_out, ref_err = ref.communicate(timeout=240)
-    _hit_out, hit_err = hit.communicate(timeout=240)
+    hit_out, hit_err = hit.communicate(timeout=240)
     # Assert: both complete
     assert ref.returncode == 0, ref_err[-2000:]
     assert hit.returncode == 0, hit_err[-2000:]
@@ -37,6 +37,12 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     assert rec["version"].startswith("s0000010-") and rec["resumed_step"] == 10
     assert 0 < rec["steps_lost"] <= 10 and rec["recovery_s"] > 0
     assert rec["failures"][0]["signal"] == "SIGKILL"
+    # the console told the recovery once (rank 0 of the new group), as it happened
+    said = [line for line in hit_out.splitlines() if "recovering" in line or "resumed" in line]
+    assert said == [
+        f"vatra: recovering: rank 1 killed by SIGKILL at step {dead['step']}; resumed from checkpoint "
+        f"version {rec['version']} at step 10 ({rec['steps_lost']} steps lost)"
+    ], hit_out[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps_lost"] == rec["steps_lost"]
     # logs of the dead attempt are kept; lines after the resume carry attempt = 1

@@ -23,6 +23,7 @@ from vatra.config import Config
 from vatra.data import ShardSampler, partition
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError
+from vatra.monitor.narrate import describe
 from vatra.resilience import LATEST, CheckpointPlugin, open_store
 from vatra.rundir import RunDir, read_jsonl
 
@@ -217,6 +218,10 @@ def _assert_resharded(
         assert rank[-1]["end"] == 20
     (event,) = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resharded"]
     assert (event["from_world_size"], event["to_world_size"], event["dropped"]) == (4, world, ["comm"])
+    # the console's line for this resume (rank 0 prints it) names the change of world size
+    (resume,) = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resume"]
+    line = f"resumed from checkpoint version {resume['version']} at step 4 (world size 4 → {world})"
+    assert describe("resume", resume) == line
     ids = [[i for line in rank if "ids" in line for i in line["ids"]] for rank in after]
     # the interrupted epoch: the 4 ranks' 64 samples + the new ranks' carries = each sample once
     carry = [len(p) for p in np.array_split(np.arange(N - 64), world)]

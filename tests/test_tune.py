@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -181,6 +182,43 @@ def test_killed_study_resumes_without_duplicate_trials(
     assert trials[0]["state"] == "FAIL" and trials[0]["error"] is None
     assert any(t["retry_of"] == 0 for t in trials.values())
     assert sum(t["state"] in ("COMPLETE", "PRUNED") for t in trials.values()) == 2
+
+
+@pytest.mark.slow(40)
+def test_ctrl_c_says_what_finished_and_the_same_command_resumes_counting_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = write_config(
+        tmp_path, {"trials": 4, "space": {"optim.lr": SPACE["optim.lr"]}}, monitor={"report": False}
+    )
+    folder = tmp_path / "runs" / "st"
+    proc = start_vatra("tune", str(path), "--set", "train.steps=100", new_session=True)
+
+    # Execute: Ctrl-C (SIGINT to the terminal's process group) once a trial has finished
+    deadline = time.time() + 120
+    while not (folder / "trial-0" / "summary.json").is_file():
+        assert proc.poll() is None and time.time() < deadline, "the study ended before its Ctrl-C"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+
+    # Assert: one line says how many trials finished and that the same command resumes
+    assert proc.returncode == 130, err[-2000:]
+    data = json.loads((folder / "study.json").read_text())
+    finished = sum(t["state"] in ("COMPLETE", "PRUNED") for t in data["trials"])
+    assert 1 <= finished < 4
+    assert f"vatra tune: stopped after {finished} of 4 trials; the same command resumes study st" in err
+    assert "Traceback" not in err, err[-2000:]
+    assert re.findall(r"\[(\d+)/4\]", out) == [str(n) for n in range(1, finished + 1)], out
+
+    # ... and the same command goes on counting from there: no number twice
+    again = run_vatra("tune", str(path), "--set", "train.steps=100", timeout=180)
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = again.stdout.splitlines()
+    assert f"vatra tune: resuming: {finished} of 4 trials finished before" in lines
+    counted = re.findall(r"\[(\d+)/4\]", again.stdout)
+    assert counted == [str(n) for n in range(finished + 1, 5)], again.stdout
 
 
 def test_pruner_stops_a_hopeless_trial_early(tmp_path: Path) -> None:

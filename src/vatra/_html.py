@@ -5,19 +5,39 @@ data or tune page does not import the run monitor for them."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
+import logging
 import math
+import warnings
+from collections.abc import Iterator
 from typing import Any
+
+
+@contextlib.contextmanager
+def quiet_matplotlib() -> Iterator[None]:
+    """No matplotlib message on the console while a page is drawn: its log lines (a first use builds
+    the font cache and says so after 5 s, which a loaded machine reaches) and its warnings are
+    about the drawing, not the run the page shows."""
+    log = logging.getLogger("matplotlib")
+    level, log.level = log.level, logging.ERROR
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="matplotlib")
+            yield
+    finally:
+        log.setLevel(level)
 
 
 def pyplot() -> Any:
     """``matplotlib.pyplot`` with the Agg backend (no display: render to PNG only). Imported on first
     use: matplotlib costs about a second and only the report commands need it."""
-    import matplotlib
+    with quiet_matplotlib():
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     return plt
 

@@ -16,8 +16,11 @@ from vatra.asyncrun import fit_async
 from vatra.config import Config, config_from_dict, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError
+from vatra.rundir import adopt_run_name
 
 RUN_DIR_ENV = "VATRA_RUN_DIR"  # set by `vatra run`: every rank and every restart use this folder
+# set by `vatra run` when it named that folder after the script (no --run-dir): the script's stem
+RUN_STEM_ENV = "VATRA_RUN_DIR_STEM"
 
 
 @dataclass
@@ -40,6 +43,20 @@ def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
     raise ConfigError(
         f"vatra.fit: config must be a path, a dict or a vatra.Config, not {type(config).__name__}"
     )
+
+
+def _launched_run_dir(cfg: Config) -> str | None:
+    """``vatra run``'s folder; renamed by rank 0 as ``run.name`` says when the launcher named it
+    after the script (every rank gets rank 0's folder, :func:`~vatra.assembly.resolve_run_dir`)."""
+    launched, stem = os.environ.get(RUN_DIR_ENV), os.environ.get(RUN_STEM_ENV)
+    if launched is None or stem is None or os.environ.get("RANK", "0") != "0":
+        return launched
+    path = Path(launched)
+    first = not path.is_symlink()  # a restarted group finds the link its first attempt left
+    named = adopt_run_name(path, stem, cfg.run.name, cfg.run.out_dir)
+    if first and named != path:
+        print(f"vatra: run folder {named} (run.name)", flush=True)
+    return str(named)
 
 
 def fit(
@@ -70,7 +87,7 @@ def fit(
     cfg = as_config(config)
     if "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    where = run_dir or os.environ.get(RUN_DIR_ENV)
+    where = run_dir or _launched_run_dir(cfg)
     if cfg.dist.mode == "async":  # workers and parameter servers, each supervised in place
         summary, trained, path = fit_async(
             cfg, model=model, train=train, val=val, loss=loss, plugins=tuple(plugins), run_dir=where

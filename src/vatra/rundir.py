@@ -34,6 +34,30 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
 
 
+def adopt_run_name(launched: Path, stem: str, name: str, out_dir: str) -> Path:
+    """The run folder of a script under ``vatra run``, named as its config says.
+
+    The launcher names the folder ``<stem>-<timestamp>`` after the script, before any config is
+    read. When the config names the run (``run.name``, ``run.out_dir``), rank 0 moves the folder to
+    ``<out_dir>/<name>-<timestamp>`` and leaves a link at the launcher's path, through which the
+    launcher records worker failures and a restarted group finds the same folder. A second call
+    (a restart) follows the link. When the move cannot be made (another filesystem), the launcher's
+    folder stays the run's.
+    """
+    if launched.is_symlink():
+        return launched.resolve()
+    wanted = Path(out_dir) / f"{stem if name == 'run' else name}{launched.name.removeprefix(stem)}"
+    if wanted.resolve() == launched.resolve() or wanted.exists():
+        return launched
+    try:
+        wanted.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(launched, wanted)
+    except OSError:
+        return launched
+    os.symlink(wanted.resolve(), launched)
+    return wanted
+
+
 def cut_torn_tail(path: Path) -> None:
     """Make ``path`` end at a line boundary before appending to it.
 

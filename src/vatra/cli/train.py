@@ -160,14 +160,20 @@ def run(
     spec = _launch_spec(
         nproc or 1, nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts
     )
-    from vatra.api import RUN_DIR_ENV
+    from vatra.api import RUN_DIR_ENV, RUN_STEM_ENV
     from vatra.launch import launch
 
     rd = RunDir(run_dir or Path("runs") / new_run_id(script.stem)).create()
-    with rd.lock("vatra run", job=_job(spec)):
-        os.environ[RUN_DIR_ENV] = str(rd.path.resolve())
-        print(f"vatra: run folder {rd.path}", flush=True)
-        launch(spec, ["-u", str(script), *(script_args or [])], rd)
+    if run_dir is None:  # named after the script until its config names the run (vatra.fit moves it)
+        os.environ[RUN_STEM_ENV] = script.stem
+    try:
+        with rd.lock("vatra run", job=_job(spec)):
+            os.environ[RUN_DIR_ENV] = str(rd.path.resolve())
+            print(f"vatra: run folder {rd.path}", flush=True)
+            launch(spec, ["-u", str(script), *(script_args or [])], rd)
+    finally:
+        if rd.path.is_symlink():  # the link to the folder run.name named: needed only while it ran
+            rd.path.unlink()
 
 
 def _job(spec: LaunchSpec) -> str | None:

@@ -36,11 +36,16 @@ def trial_overrides(path: Path) -> list[str]:
 
 
 class Progress:
-    """Trials finished out of ``tune.trials``: a rich bar on a terminal, else one line per trial."""
+    """Trials finished out of ``tune.trials``: a rich bar on a terminal, else one line per trial.
+
+    The count on each line goes up by one per finished trial, so no number is shown twice: trials
+    a resumed study finished before are counted once, up front, and a trial whose worker stopped
+    (it is retried under a new number) is shown without a count."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.seen: set[int] = set()
+        self.seen: set[int] | None = None  # trial numbers shown (or finished before this command)
+        self.done = 0  # finished trials counted so far
         self.bar: Any = None
         if sys.stdout.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -60,6 +65,14 @@ class Progress:
 
         trials = study.get_trials(deepcopy=False)
         finished, running = counts(trials)
+        if self.seen is None:  # the first look: what a resumed study had finished already
+            before = [t for t in trials if t.state not in (TrialState.RUNNING, TrialState.WAITING)]
+            self.seen, self.done = {t.number for t in before}, counts(before)[0]
+            if before and self.bar is None:
+                print(
+                    f"vatra tune: resuming: {self.done} of {self.cfg.tune.trials} trials finished before",
+                    flush=True,
+                )
         best = _best(study)
         tail = f" · best {self.cfg.tune.objective} {best:.4g}" if best is not None else ""
         if self.bar is not None:
@@ -72,8 +85,12 @@ class Progress:
             if t.number in self.seen or t.state in (TrialState.RUNNING, TrialState.WAITING):
                 continue
             self.seen.add(t.number)
+            if t.state == TrialState.FAIL and "error" not in t.user_attrs:  # counts(): not finished
+                print(f"vatra tune: trial {t.number} stopped with its worker; retried", flush=True)
+                continue
+            self.done += 1
             what = f"{t.value:.4g}" if t.value is not None else t.user_attrs.get("error", "")
-            count = f"[{finished}/{self.cfg.tune.trials}]"
+            count = f"[{self.done}/{self.cfg.tune.trials}]"
             print(f"vatra tune: trial {t.number} {t.state.name.lower()} {what} {count}{tail}", flush=True)
 
 
@@ -146,7 +163,18 @@ def _run(path: Path, workers: int | None, storage: str | None, join: str | None,
             flush=True,
         )
     print(f"vatra: study {run.name} in {run.folder} ({cfg.tune.workers} worker(s))", flush=True)
-    result = run.run(trial_overrides(path), Progress(cfg))
+    from vatra.tune.study import StudyStopped
+
+    try:
+        result = run.run(trial_overrides(path), Progress(cfg))
+    except StudyStopped as stop:  # Ctrl-C: what is done is kept in the study
+        print(
+            f"vatra tune: stopped after {stop.finished} of {cfg.tune.trials} trials; the same command "
+            f"resumes study {run.name} ({run.folder})",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(130) from None
     if cfg.monitor.report:  # the study's report.html; the trials write none (a trial's time)
         _report(run.folder)
     best = _best(result)

@@ -19,7 +19,9 @@ class Plugin:
     ``after_update`` (the optimizer has stepped and ``state.step`` counts the step; before any
     evaluation: where ``dist.mode`` syncs parameters) → ``on_step_end`` (with the step's metrics
     dict, which a plugin may extend); ``on_eval_end`` after each evaluation; ``on_fit_end`` with the
-    summary dict (extendable) on success, or ``on_failure`` with the exception. Under a micro-steps
+    summary dict (extendable) on success, or ``on_failure`` with the exception; ``on_event`` with
+    each event the trainer records (:meth:`Trainer.log_event`: a resume, a healing action), as it
+    happens. Under a micro-steps
     strategy that redoes a step (``balance.adaptive``'s), a step in which some rank ran out of
     memory calls ``on_oom`` with those ranks on every rank, and its micro-steps are then redone.
     Plugins run in list order on every rank; each checks ``trainer.dist.rank`` itself when only rank
@@ -47,6 +49,8 @@ class Plugin:
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None: ...
 
+    def on_event(self, trainer: Trainer, kind: str, fields: dict[str, Any]) -> None: ...
+
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None: ...
 
 
@@ -59,6 +63,7 @@ HOOKS = (
     "on_oom",
     "on_eval_end",
     "on_fit_end",
+    "on_event",
     "on_failure",
 )
 
@@ -111,6 +116,10 @@ class PluginList:
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         for hook in self.by_hook["on_fit_end"]:
             hook(trainer, summary)
+
+    def on_event(self, trainer: Trainer, kind: str, fields: dict[str, Any]) -> None:
+        for hook in self.by_hook["on_event"]:
+            hook(trainer, kind, fields)
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         # Every plugin gets its chance even if an earlier one fails: failure paths must not hide failures.

@@ -217,14 +217,22 @@ class Trainer:
         start = time.perf_counter()
         try:
             self.plugins.on_fit_start(self)
-            every = self.cfg.train.eval_every
-            while self.state.step < self.cfg.train.steps and not self.state.should_stop:
+            every, last = self.cfg.train.eval_every, self.cfg.train.steps
+            evaluated_at = -1  # the step of the latest evaluation in a step's record
+            while self.state.step < last and not self.state.should_stop:
                 metrics = self.train_step()
-                if every and self.state.step % every == 0 and self.state.step < self.cfg.train.steps:
+                step = self.state.step
+                # the final evaluation is the last step's record (metrics.jsonl, plots), not an extra
+                if self.val_data is not None and ((every and step % every == 0) or step >= last):
                     metrics.update(self.evaluate())
+                    evaluated_at = step
                 self.plugins.on_step_end(self, metrics)
                 self.state.last_metrics = metrics
-            final_eval = self.evaluate() if self.val_data is not None else {}
+            final_eval: dict[str, Any] = {}
+            if self.val_data is not None:  # stopped early, rolled back, or resumed at the end: evaluate now
+                final_eval = (
+                    dict(self.state.last_eval) if evaluated_at == self.state.step else self.evaluate()
+                )
             summary = self._summary(time.perf_counter() - start, final_eval)
             self.plugins.on_fit_end(self, summary)
             return summary
@@ -450,9 +458,11 @@ class Trainer:
 
     # --------------------------------------------------------------- helpers
     def log_event(self, kind: str, **fields: Any) -> None:
-        """Record an event in events.jsonl (no-op without a run folder)."""
+        """Record an event in events.jsonl (when there is a run folder) and tell the plugins
+        (``on_event``: the console's line for it)."""
         if self.run_dir is not None:
             self.run_dir.log_event(kind, rank=self.dist.rank, step=self.state.step, **fields)
+        self.plugins.on_event(self, kind, {"step": self.state.step, **fields})
 
     def _summary(self, wall_s: float, final_eval: dict[str, Any]) -> dict[str, Any]:
         st = self.state

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vatra.engine import Plugin
 from vatra.losses import main_metric
+from vatra.monitor.narrate import describe
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
@@ -88,6 +89,18 @@ class ProgressDisplay(Plugin):
                 f"samples/s {metrics['samples_per_s']:.0f} eta {_fmt_eta(eta)}"
             )
             print(line + (f" {val}" if val else ""), flush=True)
+
+    def on_event(self, trainer: Trainer, kind: str, fields: dict[str, Any]) -> None:
+        """A resume, a recovery, a rollback or a skipped step: one line as it happens (rank 0)."""
+        if not trainer.dist.is_main or self.mode == "off":
+            return
+        line = describe(kind, fields)
+        if line is None:
+            return
+        if self.bar is not None:  # above the bar, which stays at the bottom
+            self.bar.console.print(f"vatra: {line}", markup=False, highlight=False)
+        else:
+            print(f"vatra: {line}", flush=True)
 
     def _stop(self) -> None:
         if self.bar is not None:

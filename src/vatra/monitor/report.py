@@ -13,20 +13,20 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display: render to PNG only
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.axes import Axes
 
-from vatra._html import CSS, fmt, png
+from vatra._html import CSS, fmt, png, pyplot, quiet_matplotlib
 from vatra._io import atomic_write
 from vatra.errors import ConfigError, VatraError
 from vatra.monitor.progress import headline
 from vatra.rundir import read_jsonl
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+plt = pyplot()  # Agg: no display, render to PNG only
 
 MAX_EVENT_ROWS = 300
 MAX_EXTRA_PANELS = 12
@@ -303,15 +303,20 @@ def write_report(
         summary = json.loads((run / "summary.json").read_text())
     x = _x_key(rows)
     panels = [*PANELS, *(federated_panels(rows) if x == "round" else [])]
-    images = [img for p in panels if (img := _plot_panel(p, rows, events, x))]
-    for key in _extra_keys(rows, panels):
-        img = _plot_panel(Panel(key, (key,)), rows, events, x)
-        if img:
-            images.append(img)
+    with quiet_matplotlib():  # the console is the run's: no plotting library's notes in it
+        images = [img for p in panels if (img := _plot_panel(p, rows, events, x))]
+        for key in _extra_keys(rows, panels):
+            img = _plot_panel(Panel(key, (key,)), rows, events, x)
+            if img:
+                images.append(img)
     counts: dict[str, int] = {}
     for e in events:
         counts[_event_kind(e)] = counts.get(_event_kind(e), 0) + 1
-    cards: list[tuple[str, object]] = [(f"{x}s", len(rows)), *sorted(counts.items())]
+    # steps taken, not lines: a rollback or a resume logs the steps it replays again
+    taken = len({r[x] for r in rows if x in r})
+    cards: list[tuple[str, object]] = [(f"{x}s", taken), *sorted(counts.items())]
+    if len(rows) > taken:
+        cards.insert(1, (f"{x}s replayed", len(rows) - taken))
     shown = headline(summary) if summary else None
     if shown:
         cards.insert(0, (f"val {shown[0]}", f"{shown[1]:.4f}"))

@@ -207,6 +207,14 @@ def fail_stale(study: optuna.Study) -> list[int]:
     return failed
 
 
+class StudyStopped(KeyboardInterrupt):
+    """Ctrl-C stopped the study's workers after ``finished`` trials (the same command resumes)."""
+
+    def __init__(self, finished: int) -> None:
+        super().__init__(finished)
+        self.finished = finished
+
+
 @dataclass
 class Study:
     """One ``vatra tune`` invocation: the base config, its study folder, storage and workers.
@@ -270,6 +278,7 @@ class Study:
             )
         (self.folder / "config.toml").write_text(dump_toml(self.cfg))
         deadline = time.time() + self.cfg.tune.timeout_s if self.cfg.tune.timeout_s else 0.0
+        show(study, False)  # before any worker: what a resumed study had finished already
         procs = [self._spawn(i, overrides, deadline) for i in range(self.workers)]
         try:
             while any(p.poll() is None for p in procs):
@@ -281,7 +290,8 @@ class Study:
                 p.terminate()
             for p in procs:
                 p.wait()
-            raise
+            show(study, True)  # the trials that finished meanwhile, then the display ends
+            raise StudyStopped(counts(study.get_trials(deepcopy=False))[0]) from None
         finally:
             from vatra.tune.report import write_study_json
 

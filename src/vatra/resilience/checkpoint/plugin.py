@@ -258,8 +258,14 @@ class CheckpointPlugin(Plugin):
             # the dead rank's last completed step (else the agent's report, up to a few seconds later)
             "death_time": (failures[0].get("last_step_time") or failures[0]["time"]) if failures else None,
         }
-        trainer.log_event(
-            "resume", version=manifest["version"], resumed_step=manifest["step"], steps_lost=lost
+        trainer.log_event(  # the console's line: from where, after what, on how many ranks
+            "resume",
+            version=manifest["version"],
+            resumed_step=manifest["step"],
+            steps_lost=lost,
+            world_size=trainer.dist.world_size,
+            saved_world_size=manifest.get("world_size"),
+            failures=self.recovery["failures"],
         )
 
     def _log_recovery(self, trainer: Trainer) -> None:

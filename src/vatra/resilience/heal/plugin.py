@@ -45,15 +45,13 @@ class Healer(Plugin):
             self.cap.admit(self.clock, f"{action.kind}: {action.reason}")
         policy.apply(trainer, action)
         self.counts[action.kind] = self.counts.get(action.kind, 0) + 1
-        if trainer.dist.is_main and trainer.run_dir is not None:
+        if trainer.dist.is_main:  # events.jsonl and the console's line
             evidence = {
                 k: v if not isinstance(v, float) or math.isfinite(v) else str(v)
                 for k, v in action.evidence.items()
             }
-            trainer.run_dir.log_event(
+            trainer.log_event(
                 "heal",
-                rank=0,
-                step=trainer.state.step,
                 policy=action.policy,
                 action=action.kind,
                 reason=action.reason,

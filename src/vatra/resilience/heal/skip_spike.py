@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vatra.config import Config
 from vatra.monitor.signals import RobustZ
@@ -48,9 +48,16 @@ class SkipSpike(Policy):
         if grad_norm <= self.limit:  # the common case: False for NaN and Inf
             self._absorb(grad_norm)
             return None
+        step = trainer.state.step + 1  # the step being taken (state.step counts it after the update)
         if not math.isfinite(grad_norm):  # the ensemble leaves it out of its baselines too
-            return Action(self.name, "skip_update", "non-finite gradient norm", {"grad_norm": grad_norm})
-        evidence = {"grad_norm": grad_norm, "z": self.z.z(grad_norm), "baseline": self.z.center}
+            evidence: dict[str, Any] = {"at_step": step, "grad_norm": grad_norm}
+            return Action(self.name, "skip_update", "non-finite gradient norm", evidence)
+        evidence = {
+            "at_step": step,
+            "grad_norm": grad_norm,
+            "z": self.z.z(grad_norm),
+            "baseline": self.z.center,
+        }
         self._absorb(grad_norm)
         return Action(self.name, "skip_update", "gradient-norm spike", evidence)
 
