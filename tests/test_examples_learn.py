@@ -56,10 +56,12 @@ def majority_macro_f1(labels: np.ndarray) -> float:
     return share / (1 + share)
 
 
-def test_digits_example_beats_chance(tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", ["digits.toml", "tune_digits.toml"])
+def test_digits_example_beats_chance(example: str, tmp_path: Path) -> None:
     from sklearn.datasets import load_digits
 
-    summary = train(tmp_path, EXAMPLES / "digits.toml", 60)
+    # tune_digits.toml: its base run, the one each trial starts from (what `vatra train` runs)
+    summary = train(tmp_path, EXAMPLES / example, 60)
     labels = load_digits().target
     majority = np.bincount(labels).max() / len(labels)  # 0.10: ten balanced classes
     assert summary["val_accuracy"] > majority + 0.6, summary
