@@ -8,6 +8,9 @@ Every process runs this whole script; ``vatra.fit`` joins the process group that
 prepared, trains this rank's share of the data with DDP, and applies what the config asks for
 (checkpoints, monitoring, healing). The example: hourly energy use of buildings, a regression
 whose inputs are a dict — numeric features and the hour of day, which the model embeds.
+
+Result (``vatra run examples/custom_script.py --nproc 2``): val R² 0.995, MAE 0.146 kWh (the mean
+scores R² 0) in 32 s (see docs/examples.md).
 """
 
 from __future__ import annotations

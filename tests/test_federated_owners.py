@@ -6,6 +6,7 @@ user may read (root only): the run completing proves no process needed another o
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -328,7 +329,11 @@ def test_the_hospitals_example_simulates_its_sites_from_the_column(tmp_path: Pat
     assert fed.owners == ["site_0", "site_1", "site_2"]
     assert [len(s) for s in fed.shards] == sorted((len(s) for s in fed.shards), reverse=True)  # 50/30/20 %
     summary = simulate(cfg, RunDir(tmp_path / "run"), progress=False)
-    assert summary["rounds"] == 2 and summary["server_accuracy"] > 0.5
+    diagnosis = (ROOT / "examples" / "fl_owners" / "data" / "all_sites.csv").read_text().splitlines()
+    header = next(csv.reader(diagnosis[:1])).index("diagnosis")
+    labels = [row[header] for row in csv.reader(diagnosis[1:])]
+    majority = max(labels.count(v) for v in set(labels)) / len(labels)  # benign: about 0.63
+    assert summary["rounds"] == 2 and summary["server_accuracy"] > majority + 0.2, (summary, majority)
 
 
 def test_bad_owner_inputs_are_one_error_line_and_exit_2(
