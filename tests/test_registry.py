@@ -473,3 +473,27 @@ def test_cli_reports_a_malformed_value_in_one_line(
     assert user_code == 0, user_err
     assert 'method = "nosuch.mod:X"' in user_out
     assert "nosuch" not in sys.modules
+
+
+def test_two_configs_with_their_own_model_module_each_build_their_own(tmp_path: Path) -> None:
+    # Prepare: two config folders, each with a model.py whose build() says which folder it is
+    from vatra.registry import add_import_paths, import_object
+
+    folders = [tmp_path / "first", tmp_path / "second"]
+    for folder in folders:
+        folder.mkdir()
+        (folder / "model.py").write_text(f"def build():\n    return {folder.name!r}\n")
+    saved = list(sys.path)
+    try:
+        # Act: one process loads the first config's model, then the second's (as two vatra.fit calls do)
+        built = []
+        for folder in folders:
+            add_import_paths([folder])
+            built.append(import_object("model:build", "model.name")())
+        # Assert: the second import string resolved beside the second config, not to the cached first
+        assert built == ["first", "second"]
+        add_import_paths([folders[0]])  # and back again
+        assert import_object("model:build", "model.name")() == "first"
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop("model", None)

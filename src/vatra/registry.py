@@ -35,10 +35,32 @@ def is_import_string(value: str) -> bool:
 
 
 def add_import_paths(paths: Iterable[str | Path]) -> None:
-    """Put folders first on ``sys.path`` (once each), so modules beside a config file import."""
+    """Put folders first on ``sys.path`` (once each), so modules beside a config file import.
+
+    A module already imported from another folder under a name one of these folders defines (two
+    configs, each with its own ``model.py``, run in one process) is forgotten, so the next import
+    takes this folder's: otherwise the second config would silently build the first one's model."""
     for p in reversed([str(Path(p)) for p in paths]):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+        if p in sys.path:
+            sys.path.remove(p)
+        sys.path.insert(0, p)
+        _forget_shadowed(Path(p))
+
+
+def _forget_shadowed(folder: Path) -> None:
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    names = {e.stem for e in entries if e.suffix == ".py"} | {
+        e.name for e in entries if (e / "__init__.py").is_file()
+    }
+    for name in names & sys.modules.keys():
+        origin = getattr(sys.modules[name], "__file__", None)
+        if origin is not None and Path(origin).resolve().is_relative_to(folder.resolve()):
+            continue
+        for sub in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
+            del sys.modules[sub]
 
 
 def _user_frame(err: BaseException) -> str:
