@@ -248,3 +248,51 @@ def model_history(
             json.dumps(m.evidence, sort_keys=True)[:60] if m.evidence else "-",
         )
     Console(width=160).print(table)
+
+
+TRACKING = typer.Option(
+    ..., "--tracking-uri", help="The MLflow tracking and registry URI, such as sqlite:///mlflow.db."
+)
+
+
+@model_app.command("export-mlflow")
+def model_export_mlflow(
+    ref: str = REF,
+    tracking_uri: str = TRACKING,
+    mlflow_name: str | None = typer.Option(
+        None, "--mlflow-name", help="Registered model name (default: NAME)."
+    ),
+    experiment: str = typer.Option("vatra-registry", "--experiment", help="MLflow experiment of the run."),
+    registry: str | None = REGISTRY,
+    key_env: str | None = KEY_ENV,
+) -> None:
+    """Copy a version into an MLflow model registry, with vatra's lineage as tags and its aliases."""
+    from vatra.serve.registry.mlflow_io import export_version
+
+    out = export_version(
+        open_registry(registry, key_env), ref, tracking_uri, mlflow_name=mlflow_name, experiment=experiment
+    )
+    aliases = f"; aliases {', '.join(out.aliases)}" if out.aliases else ""
+    print(f"MLflow model {out.name} version {out.version} (run {out.run_id}){aliases}")
+
+
+@model_app.command("import-mlflow")
+def model_import_mlflow(
+    source: str = typer.Argument(..., help="MLflow model version: MODEL/VERSION or MODEL@alias."),
+    tracking_uri: str = TRACKING,
+    name: str | None = typer.Option(
+        None, "--name", help="Name in the vatra registry (default: the MLflow name)."
+    ),
+    aliases: bool = typer.Option(
+        True, "--aliases/--no-aliases", help="Promote its MLflow aliases in vatra too."
+    ),
+    registry: str | None = REGISTRY,
+    key_env: str | None = KEY_ENV,
+) -> None:
+    """Register an MLflow model version in vatra (a version exported from vatra keeps its id)."""
+    from vatra.serve.registry.mlflow_io import import_version
+
+    mv, moved = import_version(
+        open_registry(registry, key_env), source, tracking_uri, name=name, aliases=aliases
+    )
+    print(f"registered {mv.ref} (id {mv.id})" + (f"; aliases {', '.join(moved)}" if moved else ""))
