@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from vatra._extras import require
-from vatra.data import DataContext, build_dataset
+from vatra.data import BatchedDataset, DataContext, build_dataset
 from vatra.errors import ConfigError
 from vatra.serve.folder import (
     FORMAT,
@@ -63,7 +63,7 @@ def validation_inputs(rm: RunModel, run_dir: Path) -> dict[str, np.ndarray] | No
         val = build_dataset(cfg.data, ctx, cfg.train.task).val
     except ConfigError:
         return None
-    if val is None or not hasattr(val, "get_batch") or len(val) == 0:
+    if not isinstance(val, BatchedDataset) or len(val) == 0:
         return None
     inputs, _ = val.get_batch(np.arange(min(len(val), CHECK_ROWS)))
     if isinstance(inputs, dict):

@@ -110,7 +110,7 @@ def as_tensor_rows(data: Any, sig: Signature) -> np.ndarray:
     tensor, or a table/DataFrame whose columns are the flattened input), scaled as in training."""
     shape = tuple(sig["inputs"][0]["shape"])
     width = int(np.prod(shape))
-    if isinstance(data, list | tuple) or hasattr(data, "__array__") and not hasattr(data, "columns"):
+    if isinstance(data, list | tuple) or (hasattr(data, "__array__") and not hasattr(data, "columns")):
         try:
             x = np.asarray(data, dtype=np.float32)
         except (TypeError, ValueError) as err:

@@ -75,7 +75,7 @@ def batches(
 def _rebatch(reader: Any, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """CSV blocks re-cut into batches of ``batch_rows`` rows."""
     pa = arrow()
-    pending: list[pa.RecordBatch] = []
+    pending: list[Any] = []
     held = 0
     for block in reader:
         pending.append(block)

@@ -81,7 +81,7 @@ def spec_from_dict(raw: dict[str, Any]) -> DatasetSpec:
         raw["kind"],
         tuple(raw["input_shape"]),
         int(raw["num_classes"]),
-        tuple(raw["image_shape"]) if raw.get("image_shape") else None,  # type: ignore[arg-type]
+        tuple(raw["image_shape"]) if raw.get("image_shape") else None,
         heads={k: TargetSpec(kind, size) for k, (kind, size) in raw.get("heads", {}).items()},
         categorical=dict(raw.get("categorical", {})),
         feature_names=tuple(raw.get("feature_names", ())),
