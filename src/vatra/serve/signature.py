@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vatra.data import DatasetSpec
+from vatra.data.datasets import DIGITS_PIXEL_SCALE
 from vatra.data.tabular.files import arrow
 from vatra.errors import ConfigError
 
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from vatra.data.tabular import Preprocess
 
 Signature = dict[str, Any]
-INPUT_TRANSFORMS = {"digits": 1.0 / 16.0}  # built-in sources whose model inputs are scaled raw values
+# built-in sources whose model inputs are scaled raw values: the same scale training applied
+INPUT_TRANSFORMS = {"digits": DIGITS_PIXEL_SCALE}
 
 
 class InputError(ConfigError):
