@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +124,8 @@ def test_streamed_predict_keeps_row_order_across_batches(tabular: Any, tmp_path:
     run, _, _ = tabular
     rows = _table(1000, seed=3)
     pcsv.write_csv(rows, tmp_path / "new.csv")
-    code, out, err = vatra_in_process(
-        capsys, "predict", str(run), "--data", str(tmp_path / "new.csv"), "--out", str(tmp_path / "p.parquet"),
-        "--keep", "id", "--batch-rows", "64",
-    )  # fmt: skip
+    args = ["--data", str(tmp_path / "new.csv"), "--out", str(tmp_path / "p.parquet"), "--keep", "id"]
+    code, out, err = vatra_in_process(capsys, "predict", str(run), *args, "--batch-rows", "64")
     assert code == 0, err
     assert "1000 rows scored" in out
     got = pq.read_table(tmp_path / "p.parquet")
@@ -141,9 +138,17 @@ def test_predict_cli_refuses_bad_input_with_exit_2(tabular: Any, tmp_path: Path,
     run, table, _ = tabular
     pq.write_table(table.drop_columns(["a"]), tmp_path / "bad.parquet")
     code, _, err = vatra_in_process(
-        capsys, "predict", str(run), "--data", str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "o.parquet")
+        capsys,
+        "predict",
+        str(run),
+        "--data",
+        str(tmp_path / "bad.parquet"),
+        "--out",
+        str(tmp_path / "o.parquet"),
     )
-    assert code == 2 and err.strip().splitlines() == ["error: predict: no column 'a'; the model takes a, b, c"]
+    assert code == 2 and err.strip().splitlines() == [
+        "error: predict: no column 'a'; the model takes a, b, c"
+    ]
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "o.parquet.part").exists()
     code, _, err = vatra_in_process(capsys, "predict", str(tmp_path), "--data", "x.csv", "--out", "o.parquet")
     assert code == 2 and "not a run folder" in err
@@ -151,9 +156,8 @@ def test_predict_cli_refuses_bad_input_with_exit_2(tabular: Any, tmp_path: Path,
 
 def test_a_named_checkpoint_version_is_loaded(tabular: Any, tmp_path: Path) -> None:
     run, table, _ = tabular
-    version = json.loads((run / "summary.json").read_text())  # the run saved one version, at its end
     versions = sorted(p.stem for p in (run / "checkpoints" / "versions").iterdir())
-    assert versions and version["steps"] == 25
+    assert len(versions) == 1  # the run saved one version, at its end
     by_id = vatra.load(run, version=versions[-1]).predict(table.slice(0, 5))
     assert by_id.equals(vatra.load(run).predict(table.slice(0, 5)))
     with pytest.raises(ConfigError, match="no version or tag 'nope'"):
@@ -202,5 +206,7 @@ def test_regression_values_come_back_in_the_targets_units(tmp_path: Path) -> Non
     assert list(out.columns) == ["prediction"]
     assert predictor.model is not None
     with torch.no_grad():
-        raw = predictor.model(torch.from_numpy(predictor.inputs(pa.table({"u": x[:4, 0], "v": x[:4, 1]}))["x"]))
+        raw = predictor.model(
+            torch.from_numpy(predictor.inputs(pa.table({"u": x[:4, 0], "v": x[:4, 1]}))["x"])
+        )
     np.testing.assert_allclose(out["prediction"], raw[:, 0].numpy(), rtol=1e-6)

@@ -31,6 +31,7 @@ from vatra.serve.folder import (
     WEIGHTS,
     file_sha256,
     load_folder,
+    quiet_deprecations,
 )
 from vatra.serve.lineage import lineage
 from vatra.serve.predict import torch_runner
@@ -89,14 +90,14 @@ def _write_weights(rm: RunModel, fmt: str, path: Path, example: dict[str, np.nda
 
         save_file({k: v.detach().contiguous() for k, v in rm.model.state_dict().items()}, str(path))
     elif fmt == "torchscript":
-        with torch.no_grad():
+        with torch.no_grad(), quiet_deprecations():
             traced = torch.jit.trace(wrapped, args)
         traced.save(str(path))
     else:
         require("onnx", "onnx", "vatra export --format onnx")
         names = list(example)
         axes = {n: {0: "rows"} for n in [*names, "output"]}
-        with torch.no_grad():
+        with torch.no_grad(), quiet_deprecations():
             torch.onnx.export(
                 wrapped, args, str(path), input_names=names, output_names=["output"],
                 dynamic_axes=axes, dynamo=False,  # the TorchScript exporter: ~0.1 s, the dynamo one ~10 s
