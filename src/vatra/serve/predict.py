@@ -1,4 +1,4 @@
-"""``vatra.load`` and the :class:`Predictor`: a trained model scoring new rows as training saw them.
+"""The :class:`Predictor`: a trained model scoring new rows as training saw them.
 
 A predictor holds the model (a torch module, or an ONNX Runtime session for an ONNX export), the
 run's fitted table preprocessing and the task's output decoding. ``predict`` runs, per batch of
@@ -13,7 +13,6 @@ score per row.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,7 +33,7 @@ BATCH_ROWS = 65_536  # rows per model call: bounds the memory of one call, large
 
 
 class Predictor:
-    """A trained model with its preprocessing and output decoding; build one with :func:`load`.
+    """A trained model with its preprocessing and output decoding; build one with :func:`vatra.load`.
 
     ``signature``: input columns (types, categories), task, output columns. ``meta``: lineage (run,
     config, data table and version, metrics, checkpoint version, weights format). ``model``: the
@@ -159,29 +158,3 @@ def torch_runner(model: nn.Module, positional: bool = False) -> Runner:
         return out.float().numpy()
 
     return run
-
-
-def load(where: str | Path, version: str | None = None) -> Predictor:
-    """A :class:`Predictor` from a run folder (weights of checkpoint ``version``, a version id, tag
-    or unique prefix; default ``latest``) or from a model folder written by ``vatra export``."""
-    from vatra.serve.folder import MANIFEST, load_folder
-
-    path = Path(where)
-    if (path / MANIFEST).is_file():
-        if version is not None:
-            raise ConfigError(
-                f"vatra.load: {path} is an exported model folder; it has one version, pass none"
-            )
-        return load_folder(path)
-    if not path.is_dir():
-        raise ConfigError(
-            f"vatra.load: no folder {path}; pass a run folder (runs/<run-id>) or a model folder"
-        )
-    from vatra.serve.lineage import lineage
-    from vatra.serve.signature import make_signature
-    from vatra.serve.weights import load_run_model
-
-    rm = load_run_model(path, version)
-    sig = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name)
-    meta = {"weights": "checkpoint", **lineage(path, rm.cfg, rm.checkpoint)}
-    return Predictor(torch_runner(rm.model), sig, meta, rm.preprocess, rm.model)
