@@ -86,6 +86,7 @@ def _write_weights(rm: RunModel, fmt: str, path: Path, example: dict[str, np.nda
     wrapped = _Positional(rm.model, "ids" in example).eval()
     args = tuple(torch.from_numpy(v) for v in example.values())
     if fmt == "safetensors":
+        require("safetensors", "serve", "vatra export --format safetensors")
         from safetensors.torch import save_file
 
         save_file({k: v.detach().contiguous() for k, v in rm.model.state_dict().items()}, str(path))

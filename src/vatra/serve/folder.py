@@ -102,6 +102,7 @@ def load_folder(folder: Path) -> Predictor:
 
 
 def _safetensors_model(manifest: dict[str, Any], weights: Path) -> Any:
+    require("safetensors", "serve", "loading a safetensors model folder")
     from safetensors.torch import load_file
 
     from vatra.config import config_from_dict

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from vatra._extras import require
 from vatra.data.tabular import Preprocess
 from vatra.data.tabular.files import arrow
 from vatra.errors import ConfigError
@@ -65,6 +66,7 @@ class Predictor:
         """Score rows: a pandas DataFrame, an Arrow table, a dict of columns, a list of row dicts or
         a CSV/Parquet path (tensor models also take an array or a list of rows). One output row per
         input row, in input order: ``prediction`` (and ``proba_<class>``), plus the ``keep`` columns."""
+        require("pandas", "serve", "Predictor.predict (it returns a pandas DataFrame)")
         return self.predict_arrow(data, keep=keep, unseen=unseen).to_pandas()
 
     def predict_arrow(self, data: Any, *, keep: Sequence[str] = (), unseen: str = "error") -> pa.Table:
