@@ -210,3 +210,24 @@ def test_regression_values_come_back_in_the_targets_units(tmp_path: Path) -> Non
             torch.from_numpy(predictor.inputs(pa.table({"u": x[:4, 0], "v": x[:4, 1]}))["x"])
         )
     np.testing.assert_allclose(out["prediction"], raw[:, 0].numpy(), rtol=1e-6)
+
+
+def test_an_npz_run_standardises_new_samples_as_training_did(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.normal(40.0, 9.0, size=(400, 5))  # far from standardised: unscaled inputs would show
+    y = (x[:, 0] + x[:, 1] > 80.0).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x=x[:300], y=y[:300], x_val=x[300:], y_val=y[300:])
+    result = vatra.fit(
+        {
+            "run": {"progress": "off", "tensorboard": False, "out_dir": str(tmp_path / "runs")},
+            "data": {"name": "npz", "path": str(tmp_path / "d.npz")},
+            "model": {"name": "mlp", "hidden": [16]},
+            "train": {"steps": 30, "batch_size": 32, "eval_every": 0},
+            "optim": {"name": "adamw", "lr": 0.01},
+            "monitor": {"report": False},
+        }
+    )
+    out = vatra.load(result.run_dir).predict(x[300:])
+    accuracy = float((out["prediction"].to_numpy() == y[300:]).mean())
+    assert accuracy == pytest.approx(result.summary["val_accuracy"], abs=1e-9)
+    assert accuracy > 0.8

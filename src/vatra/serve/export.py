@@ -116,7 +116,7 @@ def export_run(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"vatra export --out {out}: exists and is not empty; name a new folder")
     rm = load_run_model(run_dir, version)
-    signature = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name)
+    signature = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name, rm.standardize)
     val = validation_inputs(rm, run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -27,6 +27,6 @@ def load(where: str | Path, version: str | None = None) -> Predictor:
             f"vatra.load: no folder {path}; pass a run folder (runs/<run-id>) or a model folder"
         )
     rm = load_run_model(path, version)
-    sig = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name)
+    sig = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name, rm.standardize)
     meta = {"weights": "checkpoint", **lineage(path, rm.cfg, rm.checkpoint)}
     return Predictor(torch_runner(rm.model), sig, meta, rm.preprocess, rm.model)

@@ -17,6 +17,7 @@ import numpy as np
 
 from vatra.data import DatasetSpec
 from vatra.data.datasets import DIGITS_PIXEL_SCALE
+from vatra.data.npz import standardized
 from vatra.data.tabular.files import arrow
 from vatra.errors import ConfigError
 
@@ -52,8 +53,14 @@ def output_columns(task: str, targets: list[str], classes: list[Any]) -> list[st
     return ["prediction"]
 
 
-def make_signature(pre: Preprocess | None, spec: DatasetSpec, source: str) -> Signature:
-    """The signature of a model trained on a table (``pre`` fitted) or on tensors (``spec``)."""
+def make_signature(
+    pre: Preprocess | None,
+    spec: DatasetSpec,
+    source: str,
+    standardize: dict[str, list[float]] | None = None,
+) -> Signature:
+    """The signature of a model trained on a table (``pre`` fitted) or on tensors (``spec``;
+    ``standardize``: array inputs' training mean and std, applied to new samples)."""
     classes = classes_of(pre, spec)
     if pre is not None:
         if pre.task == "multitask":
@@ -77,6 +84,7 @@ def make_signature(pre: Preprocess | None, spec: DatasetSpec, source: str) -> Si
         "outputs": output_columns(task, targets, classes),
         "missing_filled": filled,  # data.nan = "mean": missing numbers take the training mean
         "input_scale": INPUT_TRANSFORMS.get(source),
+        "input_standardize": standardize,
     }
 
 
@@ -114,12 +122,12 @@ def as_tensor_rows(data: Any, sig: Signature) -> np.ndarray:
     width = int(np.prod(shape))
     if isinstance(data, list | tuple) or (hasattr(data, "__array__") and not hasattr(data, "columns")):
         try:
-            x = np.asarray(data, dtype=np.float32)
+            x = np.asarray(data, dtype=np.float64)
         except (TypeError, ValueError) as err:
             raise InputError(f"predict: the rows are not numbers: {err}") from None
     else:
         table = as_table(data)
-        x = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), np.float32) for c in table.columns])
+        x = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), np.float64) for c in table.columns])
     if x.ndim == 1 and x.size == width:
         x = x[None]
     if x.size == 0 and x.ndim >= 1:
@@ -132,6 +140,11 @@ def as_tensor_rows(data: Any, sig: Signature) -> np.ndarray:
     if not np.isfinite(x).all():
         raise InputError("predict: the rows hold missing or infinite values")
     x = x.reshape(len(x), *shape)
+    if sig.get("input_standardize"):
+        stats = sig["input_standardize"]
+        mean, std = (np.asarray(stats[k], np.float64).reshape(shape) for k in ("mean", "std"))
+        x = standardized(x, mean, std)
+    x = x.astype(np.float32)
     scale = sig.get("input_scale")
     return x * np.float32(scale) if scale else x
 
