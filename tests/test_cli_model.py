@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-from tests.conftest import vatra_in_process
+from tests.conftest import small_config, vatra_in_process
 from tests.test_serve_registry import model_folder
 
 from vatra.serve.registry import Registry
@@ -111,3 +112,28 @@ def test_promote_rollback_and_history(capsys: pytest.CaptureFixture[str], tmp_pa
     assert history.count("champion") == 3 and "won the A/B test" in history and "p_value" in history
     for result in (bad, bad_evidence):
         assert result[0] == 2 and result[2].startswith("error: ") and result[2].count("\n") == 1
+
+
+def test_register_a_run_twice_gives_one_version_with_its_lineage(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Prepare: a trained run
+    import vatra
+
+    run = vatra.fit(small_config(monitor={"enabled": False}), run_dir=tmp_path / "run").run_dir
+    where = ("--registry", str(tmp_path / "models"))
+    # Execute
+    first = vatra_in_process(capsys, "model", "register", str(run), "--name", "digits", *where)
+    again = vatra_in_process(capsys, "model", "register", str(run), "--name", "digits", *where)
+    not_a_run = vatra_in_process(capsys, "model", "register", str(tmp_path), "--name", "digits", *where)
+    # Assert: one version, whose lineage is the run's, and whose folder loads as a model
+    reg = Registry(tmp_path / "models", cache_dir=tmp_path / "cache")
+    (mv,) = reg.versions("digits")
+    assert first[0] == again[0] == 0
+    assert first[1].startswith(f"registered {mv.ref}") and again[1].startswith(f"already registered {mv.ref}")
+    assert mv.meta["run"] == "run" and mv.meta["config"]["optim"]["lr"] == 0.1
+    assert set(mv.meta["metrics"]) >= {"final_loss", "val_accuracy"} and mv.meta["signature"]
+    assert {"vatra-model.json", "model.safetensors"} <= set(mv.files)
+    rows = np.arange(3 * 64).reshape(3, 64) % 17
+    assert vatra.load(reg.resolve("digits@latest")).predict(rows).equals(vatra.load(run).predict(rows))
+    assert not_a_run[0] == 2 and "not a run folder" in not_a_run[2]
