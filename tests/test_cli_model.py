@@ -137,3 +137,25 @@ def test_register_a_run_twice_gives_one_version_with_its_lineage(
     rows = np.arange(3 * 64).reshape(3, 64) % 17
     assert vatra.load(reg.resolve("digits@latest")).predict(rows).equals(vatra.load(run).predict(rows))
     assert not_a_run[0] == 2 and "not a run folder" in not_a_run[2]
+
+
+def test_signed_registry_from_the_command_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a version registered signed, with the key named by the environment
+    monkeypatch.setenv("VATRA_TEST_REGISTRY_KEY", "s3cret-key")
+    reg = Registry(tmp_path / "models", hmac_key=b"s3cret-key", cache_dir=tmp_path / "cache")
+    mv = reg.register(model_folder(tmp_path, b"w" * 64), "m", {"metrics": {"val_accuracy": 0.5}})
+    where = ("--registry", str(tmp_path / "models"), "--hmac-key-env", "VATRA_TEST_REGISTRY_KEY")
+    record = tmp_path / f"models/models/m/versions/{mv.id}.json"
+    # Execute
+    ok = vatra_in_process(capsys, "model", "show", "m", *where)
+    record.write_text(record.read_text().replace("0.5", "0.9"))
+    tampered = vatra_in_process(capsys, "model", "show", "m", *where)
+    monkeypatch.delenv("VATRA_TEST_REGISTRY_KEY")
+    no_key = vatra_in_process(capsys, "model", "list", *where)
+    # Assert
+    assert ok[0] == 0 and mv.id in ok[1]
+    assert tampered[0] == 1 and "signature does not match" in tampered[2] and tampered[2].count("\n") == 1
+    assert no_key[0] == 2 and "VATRA_TEST_REGISTRY_KEY is not set" in no_key[2]
+    assert "s3cret" not in ok[1] + tampered[2] + no_key[2]
