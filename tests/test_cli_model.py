@@ -45,6 +45,8 @@ def test_list_show_and_diff(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     code_show, shown, _ = vatra_in_process(capsys, "model", "show", f"churn@{a[:6]}", *where)
     code_json, raw, _ = vatra_in_process(capsys, "model", "show", "churn", "--json", *where)
     code_diff, diff, _ = vatra_in_process(capsys, "model", "diff", f"churn@{a[:8]}", f"churn@{b[:8]}", *where)
+    empty = vatra_in_process(capsys, "model", "list", "--registry", str(tmp_path / "none"))
+    unknown = vatra_in_process(capsys, "model", "list", "other", *where)
     # Assert
     assert [code_models, code_list, code_show, code_json, code_diff] == [0] * 5
     assert "churn" in models and b[:12] in models
@@ -56,6 +58,8 @@ def test_list_show_and_diff(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     )
     assert f"id {a}" in shown and "parent:       -" in shown and "metric:       val_accuracy = 0.8" in shown
     assert json.loads(raw)["version"] == b and json.loads(raw)["parent"] == a
+    assert empty[0] == 0 and empty[1].startswith("no models in")
+    assert unknown[0] == 2 and "no model 'other'" in unknown[2] and "(models: churn)" in unknown[2]
     lines = {" ".join(line.replace("│", " ").split()) for line in diff.splitlines()}
     assert "config optim.lr 0.1 0.05" in lines
     assert "metrics val_accuracy 0.8 0.85" in lines
