@@ -104,7 +104,7 @@ for i in range(int(sys.argv[3])):
 """
 
 
-@pytest.mark.slow(15)
+@pytest.mark.slow(20)
 def test_concurrent_promotes_from_two_processes_lose_no_move(tmp_path: Path) -> None:
     # Prepare
     reg = registry(tmp_path)
