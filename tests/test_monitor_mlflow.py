@@ -22,8 +22,9 @@ def _run(tmp_path: Path, uri: str, checkpoint: bool = True) -> vatra.FitResult:
 
 
 @pytest.mark.slow(20)
-def test_a_run_logs_its_config_and_metrics_to_mlflow(tmp_path: Path) -> None:
-    # Prepare
+def test_a_run_logs_its_config_and_metrics_to_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: MLflow puts a new experiment's artifacts in ./mlruns
+    monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Execute
     result = _run(tmp_path, uri)
