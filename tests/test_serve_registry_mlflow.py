@@ -18,7 +18,7 @@ def test_mlflow_round_trip_keeps_the_id_files_and_alias(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     # Prepare: a version promoted to champion in one registry
-    from vatra.serve.registry.mlflow_io import export_version
+    from vatra.serve.registry.mlflow_io import export_version, import_version
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = Registry(tmp_path / "a", cache_dir=tmp_path / "cache")
@@ -50,3 +50,18 @@ def test_mlflow_round_trip_keeps_the_id_files_and_alias(
     assert second.aliases("churn") == {"champion": mv.id}
     assert second.history("churn")[0].reason.startswith("imported from MLflow churn/1")
     assert digests(second.resolve("churn@champion")) == digests(tmp_path / "m")
+    # A version made in MLflow (not from vatra): its files, with the run's params and metrics as lineage
+    run = client.create_run(client.get_experiment_by_name("vatra-registry").experiment_id)
+    client.log_param(run.info.run_id, "lr", "0.01")
+    client.log_metric(run.info.run_id, "auc", 0.7)
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "w.bin").write_bytes(b"\x09" * 32)
+    client.log_artifacts(run.info.run_id, str(tmp_path / "theirs"), artifact_path="model")
+    client.create_registered_model("theirs")
+    client.create_model_version("theirs", f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    theirs, moved = import_version(second, "theirs/1", uri, name="imported")
+    assert moved == [] and digests(second.resolve("imported")) == {
+        "w.bin": digests(tmp_path / "theirs")["w.bin"]
+    }
+    assert theirs.meta["config"] == {"lr": "0.01"} and theirs.meta["metrics"] == {"auc": 0.7}
+    assert theirs.meta["mlflow"] == {"name": "theirs", "version": "1", "run_id": run.info.run_id}
