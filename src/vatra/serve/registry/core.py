@@ -127,14 +127,15 @@ class Registry:
         paths = sorted(p for p in root.rglob("*") if p.is_file())
         if not paths:
             raise RegistryUsageError(f"{folder}: no files to register")
-        files = {}
-        for path in paths:
-            rel = check_name(path.relative_to(root).as_posix(), f"{folder}: file")
-            files[rel] = self._put(path)
+        local = {check_name(p.relative_to(root).as_posix(), f"{folder}: file"): p for p in paths}
+        files = {rel: {"sha256": _file_sha256(p), "size": p.stat().st_size} for rel, p in local.items()}
         version = content_id(files, meta)
         existing = self._find(name, version)
-        if existing is not None:
+        if existing is not None:  # the same content: nothing is uploaded again
             return existing
+        for rel, path in local.items():
+            if self._put(path) != files[rel]:
+                raise RegistryUsageError(f"{folder}: {rel} changed while it was being registered; try again")
         newest = self.versions(name)
         mv = ModelVersion(
             name, version, files, meta, newest[-1].id if newest else None, current_user(), time.time()
