@@ -1,0 +1,184 @@
+"""``vatra model ab-report NAME``: the always-valid A/B test on a serving log folder, printed as a
+table with the decision, optionally written as an HTML page and applied to the registry's aliases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vatra._html import fmt
+from vatra.cli.app import app
+from vatra.errors import ConfigError, write_failed
+from vatra.serve.ab import ABConfig, ABResult, Evidence, analyse, read_log, render
+
+model_app = typer.Typer(
+    rich_markup_mode=None, help="Trained models: the registry, serving and A/B tests.", no_args_is_help=True
+)
+app.add_typer(model_app, name="model")
+
+
+def _print(result: ABResult, console: Console) -> None:
+    arms = Table(title=f"{result.champion} (champion) vs {result.challenger} (challenger)")
+    for col in (
+        "when",
+        "n champion",
+        "n challenger",
+        "mean champion",
+        "mean challenger",
+        "effect",
+        "interval",
+        "p",
+    ):
+        arms.add_column(col)
+    rows: list[tuple[str, Evidence]] = []
+    if result.decision.evidence is not None and result.decision.rule in ("win", "lose", "futility"):
+        rows.append(("at decision", result.decision.evidence))
+    if result.primary is not None:
+        rows.append(("now", result.primary))
+    for when, ev in rows:
+        interval = f"[{fmt(ev.lo)}, {fmt(ev.hi)}]"
+        arms.add_row(
+            when,
+            str(ev.n_champion),
+            str(ev.n_challenger),
+            fmt(ev.mean_champion),
+            fmt(ev.mean_challenger),
+            fmt(ev.effect),
+            interval,
+            fmt(ev.p),
+        )
+    console.print(arms)
+    guards = Table(title="guardrails")
+    for col in ("guardrail", "champion", "challenger", "interval", "p", "status"):
+        guards.add_column(col)
+    for g in result.guardrails:
+        gev = g.tripped or g.now
+        guards.add_row(
+            g.name,
+            fmt(g.champion),
+            fmt(g.challenger),
+            f"[{fmt(gev.lo)}, {fmt(gev.hi)}]" if gev else "-",
+            fmt(gev.p) if gev else "-",
+            "TRIPPED" if g.tripped else "ok",
+        )
+    console.print(guards)
+    split = ", ".join(f"{k}={v}" for k, v in result.traffic.items())
+    console.print(f"traffic: {split}", markup=False, highlight=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+    for why, n in sorted(result.skipped.items()):
+        console.print(f"skipped {n} lines ({why})", markup=False, highlight=False)
+    d = result.decision
+    console.print(f"decision: {d.action} ({d.rule}): {d.reason}", markup=False, highlight=False)
+
+
+def apply_decision(registry: Any, name: str, result: ABResult) -> str | None:
+    """Record the decision in the registry's alias history, with its evidence. ``promote`` moves
+    the champion alias to the challenger's version; ``rollback`` (a guardrail tripped, or the
+    challenger lost) and ``stop`` (futility) roll the challenger alias back, so the challenger
+    stops taking traffic. ``continue`` moves nothing. Returns what was done, or None."""
+    d = result.decision
+    evidence = result.evidence_dict()
+    if d.action == "promote":
+        version = result.latest[result.challenger]
+        registry.promote(name, version, result.champion, d.reason, evidence=evidence)
+        return f"promoted {name}@{version} to alias {result.champion}"
+    if d.action in ("rollback", "stop"):
+        registry.rollback(name, result.challenger, d.reason, evidence=evidence)
+        return f"rolled back alias {result.challenger} of {name}"
+    return None
+
+
+def _open_registry(uri: str | None) -> Any:
+    try:
+        from vatra.serve.registry import Registry  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise ConfigError(
+            "--apply needs the model registry (vatra.serve.registry), which this build does not have; "
+            "run without --apply and move the alias by hand"
+        ) from None
+    return Registry(uri)
+
+
+@model_app.command("ab-report")
+def ab_report(
+    name: Annotated[str, typer.Argument(help="The served model's name.")],
+    log_dir: Annotated[
+        Path | None, typer.Option("--log-dir", help="The serving log folder; default runs/serve/NAME.")
+    ] = None,
+    metric: Annotated[str, typer.Option(help="binary (outcome values 0/1) or continuous.")] = "binary",
+    alpha: Annotated[float, typer.Option(help="Error rate of each sequential test.")] = 0.05,
+    mde: Annotated[
+        float | None,
+        typer.Option(help="Minimum effect of interest (metric units); set it to stop for futility."),
+    ] = None,
+    horizon: Annotated[
+        int, typer.Option(help="Outcomes expected in all; the interval is tightest there.")
+    ] = 5000,
+    champion: Annotated[str, typer.Option(help="The champion's variant name in the log.")] = "champion",
+    challenger: Annotated[
+        str | None, typer.Option(help="The challenger's variant name (default: the one other variant).")
+    ] = None,
+    lower_is_better: Annotated[
+        bool, typer.Option("--lower-is-better", help="A lower metric is better (e.g. time to answer).")
+    ] = False,
+    latency_ms: Annotated[
+        float | None,
+        typer.Option(help="Latency guardrail line in ms (default: the champion's early p95)."),
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Write the report as one HTML page here.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the decision and evidence as JSON.")] = False,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Record the decision in the registry's alias history.")
+    ] = False,
+    registry: Annotated[
+        str | None, typer.Option(help="The registry for --apply (default VATRA_REGISTRY or ./models).")
+    ] = None,
+) -> None:
+    """Judge an A/B test from the serving logs with an always-valid sequential test (mSPRT).
+
+    Reads predictions.jsonl and outcomes.jsonl, joins each outcome to its variant, and prints the
+    effect (challenger - champion), its confidence sequence, the always-valid p-value, the
+    guardrails (error rate, latency) and the decision: promote, rollback, stop (futility) or
+    continue. Safe to run as often as you like: peeking does not inflate the error rate.
+    """
+    if metric not in ("binary", "continuous"):
+        raise ConfigError(f"--metric must be binary or continuous, got {metric!r}")
+    cfg = ABConfig(
+        metric=metric,  # type: ignore[arg-type]
+        alpha=alpha,
+        mde=mde,
+        horizon=horizon,
+        champion=champion,
+        challenger=challenger,
+        higher_is_better=not lower_is_better,
+        latency_ms=latency_ms,
+    )
+    folder = log_dir if log_dir is not None else Path("runs") / "serve" / name
+    result = analyse(read_log(folder), cfg)
+    if as_json:
+        print(json.dumps({"action": result.decision.action, **result.evidence_dict()}, indent=2))
+    else:
+        _print(result, Console(soft_wrap=True))
+    if html is not None:
+        try:
+            html.parent.mkdir(parents=True, exist_ok=True)
+            html.write_text(render(result, name), encoding="utf-8")
+        except OSError as err:
+            raise write_failed(err, html) from None
+        if not as_json:
+            print(f"report: {html}")
+    if apply:
+        done = apply_decision(_open_registry(registry), name, result)
+        if not as_json:
+            print(f"applied: {done}" if done else "applied: nothing to move (continue)")
+
+
+__all__ = ["ab_report", "apply_decision", "model_app"]
