@@ -4,6 +4,7 @@ table with the decision, optionally written as an HTML page and applied to the r
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,35 +24,26 @@ app.add_typer(model_app, name="model")
 
 
 def _print(result: ABResult, console: Console) -> None:
-    arms = Table(title=f"{result.champion} (champion) vs {result.challenger} (challenger)")
-    for col in (
-        "when",
-        "n champion",
-        "n challenger",
-        "mean champion",
-        "mean challenger",
-        "effect",
-        "interval",
-        "p",
-    ):
-        arms.add_column(col)
-    rows: list[tuple[str, Evidence]] = []
+    arms = Table(title=f"{result.challenger} (challenger) vs {result.champion} (champion)")
+    arms.add_column("")
+    cols: list[Evidence] = []
     if result.decision.evidence is not None and result.decision.rule in ("win", "lose", "futility"):
-        rows.append(("at decision", result.decision.evidence))
+        arms.add_column("at decision")
+        cols.append(result.decision.evidence)
     if result.primary is not None:
-        rows.append(("now", result.primary))
-    for when, ev in rows:
-        interval = f"[{fmt(ev.lo)}, {fmt(ev.hi)}]"
-        arms.add_row(
-            when,
-            str(ev.n_champion),
-            str(ev.n_challenger),
-            fmt(ev.mean_champion),
-            fmt(ev.mean_challenger),
-            fmt(ev.effect),
-            interval,
-            fmt(ev.p),
-        )
+        arms.add_column("now")
+        cols.append(result.primary)
+    rows: list[tuple[str, Callable[[Evidence], object]]] = [
+        (f"n {result.champion}", lambda e: e.n_champion),
+        (f"n {result.challenger}", lambda e: e.n_challenger),
+        (f"mean {result.champion}", lambda e: e.mean_champion),
+        (f"mean {result.challenger}", lambda e: e.mean_challenger),
+        ("effect", lambda e: e.effect),
+        ("interval", lambda e: f"[{fmt(e.lo)}, {fmt(e.hi)}]"),
+        ("always-valid p", lambda e: e.p),
+    ]
+    for label, get in rows:
+        arms.add_row(label, *(fmt(get(e)) for e in cols))
     console.print(arms)
     guards = Table(title="guardrails")
     for col in ("guardrail", "champion", "challenger", "interval", "p", "status"):
@@ -64,7 +56,7 @@ def _print(result: ABResult, console: Console) -> None:
             fmt(g.challenger),
             f"[{fmt(gev.lo)}, {fmt(gev.hi)}]" if gev else "-",
             fmt(gev.p) if gev else "-",
-            "TRIPPED" if g.tripped else "ok",
+            f"TRIPPED at n={g.tripped.n_champion}+{g.tripped.n_challenger}" if g.tripped else "ok",
         )
     console.print(guards)
     split = ", ".join(f"{k}={v}" for k, v in result.traffic.items())

@@ -6,6 +6,7 @@ from the log (variant and version names) is escaped: the log's content comes fro
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,16 +44,31 @@ def _chart(
     band: tuple[np.ndarray, np.ndarray] | None = None,
     hlines: Sequence[tuple[float, str]] = (),
     vline: float | None = None,
+    log: bool = False,
 ) -> str:
     """An SVG line chart: ``lines`` are ``(css class, y, colour)``, ``band`` a shaded interval,
-    ``hlines`` dashed reference lines ``(y, label)``, ``vline`` the decision's x."""
-    ys = [y for _, y, _ in lines] + (list(band) if band else []) + [np.array([h for h, _ in hlines])]
+    ``hlines`` dashed reference lines ``(y, label)``, ``vline`` the decision's x; ``log`` draws
+    ``log10(y)`` (floored at 1e-6) and labels the axis in y. The y range leaves out the first tenth
+    of the band, whose early width would flatten the rest; what falls outside is clipped."""
+    if log:
+        lines = [(c, np.log10(np.maximum(y, 1e-6)), col) for c, y, col in lines]
+        hlines = [(math.log10(h), label) for h, label in hlines]
+    ys = (
+        [y for _, y, _ in lines]
+        + [b[len(b) // 10 :] for b in band or ()]
+        + [np.array([h for h, _ in hlines])]
+    )
     finite = np.concatenate([y[np.isfinite(y)] for y in ys])
     y_lo, y_hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     kx, bx = _scale(float(x.min()), float(x.max()), PAD, W - 12)
     ky, by = _scale(y_lo, y_hi, H - 28, 12)
-    parts = [f'<svg id="{chart_id}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">']
-    parts.append(f"<title>{_e(title)}</title>")
+    parts = [
+        f'<svg id="{chart_id}" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">',
+        f"<title>{_e(title)}</title>",
+        f'<clipPath id="{chart_id}-area"><rect x="{PAD}" y="8" width="{W - 12 - PAD}" '
+        f'height="{H - 36}"/></clipPath>',
+        f'<g clip-path="url(#{chart_id}-area)">',
+    ]
     if band is not None:
         ok = np.isfinite(band[0]) & np.isfinite(band[1])
         if ok.any():
@@ -74,6 +90,7 @@ def _chart(
         if ok.any():
             d = _path(x[ok] * kx + bx, ys_[ok] * ky + by)
             parts.append(f'<path class="{cls}" d="{d}" fill="none" stroke="{color}" stroke-width="1.8"/>')
+    parts.append("</g>")
     if vline is not None:
         xx = vline * kx + bx
         parts.append(
@@ -84,7 +101,8 @@ def _chart(
             f'<text x="{xx}" y="{H - 10}" font-size="11" text-anchor="{anchor}">{fmt(float(v))}</text>'
         )
     for v in (y_lo, y_hi):
-        parts.append(f'<text x="4" y="{v * ky + by + 4:.1f}" font-size="11">{fmt(float(v))}</text>')
+        label = fmt(float(10**v if log else v))
+        parts.append(f'<text x="4" y="{v * ky + by + 4:.1f}" font-size="11">{label}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -181,10 +199,19 @@ def render(result: ABResult, name: str) -> str:
         body.append(
             _chart("effect-chart", "effect", n, [("effect", s.effect, "#1f77b4")], (s.lo, s.hi), hl, vline)
         )
-        body.append("<h2>p-value over outcomes</h2>")
+        body.append("<h2>p-value over outcomes (log scale)</h2>")
         lines = [("p-seq", s.p, "#1f77b4"), ("p-fixed", s.z_p, "#ff7f0e")]
         body.append(
-            _chart("p-chart", "p-values", n, lines, None, [(cfg.alpha, f"alpha {fmt(cfg.alpha)}")], vline)
+            _chart(
+                "p-chart",
+                "p-values",
+                n,
+                lines,
+                None,
+                [(cfg.alpha, f"alpha {fmt(cfg.alpha)}")],
+                vline,
+                log=True,
+            )
         )
         body.append(
             '<p class="sub">blue: always-valid p (mSPRT); orange: a fixed-horizon z-test, valid only '

@@ -1,0 +1,292 @@
+"""``vatra model ab-report`` on serving log folders: the join, the rules (win, guardrail, futility),
+hostile log lines counted and skipped, and the HTML page rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.conftest import vatra_in_process
+
+from vatra.cli.model_ab import apply_decision
+from vatra.errors import ConfigError
+from vatra.serve.ab import ABConfig, analyse, read_log, render
+
+
+def write_log(
+    folder: Path,
+    n: int,
+    *,
+    rate: tuple[float, float] = (0.10, 0.10),
+    errors: tuple[float, float] = (0.01, 0.01),
+    latency: tuple[float, float] = (20.0, 20.0),
+    share: float = 0.5,
+    seed: int = 0,
+    outcomes: bool = True,
+) -> Path:
+    """A serving log of ``n`` requests split champion/challenger, as the server writes it: one
+    prediction row per request and, for those that did not fail, one outcome row (binary at the
+    arm's ``rate``) a little later."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    is_b = rng.random(n) < share
+    arm = is_b.astype(int)
+    err = rng.random(n) < np.take(errors, arm)
+    lat = rng.lognormal(np.log(np.take(latency, arm)), 0.3)
+    conv = rng.random(n) < np.take(rate, arm)
+    with (folder / "predictions.jsonl").open("w") as pf, (folder / "outcomes.jsonl").open("w") as of:
+        for i in range(n):
+            variant, version = ("challenger", "v2bbbb") if is_b[i] else ("champion", "v1aaaa")
+            row = {"id": f"r{i}", "t": 1000.0 + i, "variant": variant, "version": version, "key": None}
+            pf.write(json.dumps({**row, "latency_ms": float(lat[i]), "error": bool(err[i])}) + "\n")
+            if outcomes and not err[i]:
+                of.write(json.dumps({"id": f"r{i}", "t": 1000.5 + i, "value": float(conv[i])}) + "\n")
+    return folder
+
+
+def test_a_winning_challenger_is_promoted_with_its_evidence(tmp_path: Path) -> None:
+    # Prepare: conversion 10 % -> 16 %, healthy guardrails
+    log = read_log(write_log(tmp_path / "log", 6000, rate=(0.10, 0.16)))
+    # Execute
+    result = analyse(log, ABConfig(metric="binary", horizon=6000))
+    # Assert: promote, fired before the end of the log, with the numbers that justified it
+    d = result.decision
+    assert (d.action, d.rule) == ("promote", "win")
+    assert d.evidence is not None and result.primary is not None
+    assert d.evidence.lo > 0 and d.evidence.p < 0.05
+    assert (
+        d.evidence.n_champion + d.evidence.n_challenger
+        < result.primary.n_champion + result.primary.n_challenger
+    )
+    assert all(g.tripped is None for g in result.guardrails)
+    ev = result.evidence_dict()
+    assert ev["challenger"] == {"variant": "challenger", "version": "v2bbbb"}
+    json.dumps(ev)  # the registry stores it as JSON
+
+
+def test_a_failing_challenger_trips_the_error_guardrail_before_any_outcome_verdict(tmp_path: Path) -> None:
+    # Prepare: the challenger fails 8 % of requests (champion 1 %); conversion the same
+    log = read_log(write_log(tmp_path / "log", 3000, errors=(0.01, 0.08), seed=1))
+    # Execute
+    result = analyse(log, ABConfig())
+    # Assert: rolled back by the guardrail, early (well before the whole log)
+    d = result.decision
+    assert (d.action, d.rule) == ("rollback", "guardrail:error_rate")
+    assert d.evidence is not None and d.evidence.lo > 0
+    assert d.evidence.n_champion + d.evidence.n_challenger < 1500
+
+
+def test_a_slow_challenger_trips_the_latency_guardrail(tmp_path: Path) -> None:
+    # Prepare: the challenger is 40 % slower; errors and conversion the same
+    log = read_log(write_log(tmp_path / "log", 3000, latency=(20.0, 28.0), seed=2))
+    # Execute
+    result = analyse(log, ABConfig())
+    # Assert
+    assert (result.decision.action, result.decision.rule) == ("rollback", "guardrail:latency_p95")
+    latency = next(g for g in result.guardrails if g.name == "latency_p95")
+    assert latency.challenger > latency.champion
+
+
+def test_futility_stops_when_the_interval_rules_out_the_minimum_effect(tmp_path: Path) -> None:
+    # Prepare: no real difference, and only a lift of 5 points would matter
+    log = read_log(write_log(tmp_path / "log", 8000, seed=3))
+    # Execute
+    result = analyse(log, ABConfig(mde=0.05, horizon=8000))
+    none = analyse(log, ABConfig(horizon=8000))
+    # Assert: stop for futility with the interval below the mde; without an mde, keep going
+    d = result.decision
+    assert (d.action, d.rule) == ("stop", "futility")
+    assert d.evidence is not None and d.evidence.hi < 0.05
+    assert none.decision.action == "continue"
+
+
+def test_hostile_and_malformed_lines_are_counted_not_trusted(tmp_path: Path) -> None:
+    # Prepare: a good log, then lines a client or a broken writer could leave
+    folder = write_log(tmp_path / "log", 400, seed=4)
+    good = read_log(folder)
+    bad_pred = [
+        b"not json",
+        b"\xff\xfe garbage",
+        b"[1, 2]",
+        b'{"id": "x1", "t": NaN, "variant": "champion", "version": "v", "latency_ms": 1, "error": false}',
+        b'{"id": "x2", "t": 1, "variant": "champion", "version": "v", "latency_ms": -1, "error": false}',
+        b'{"id": "x3", "t": 1, "variant": "champion", "version": "v", "latency_ms": 1, "error": "no"}',
+        b'{"id": "r0", "t": 1, "variant": "challenger", "version": "v", "latency_ms": 1, "error": false}',
+        b'{"id": "'
+        + b"a" * 300
+        + b'", "t": 1, "variant": "c", "version": "v", "latency_ms": 1, "error": false}',
+        b'{"id": "x4", "t": true, "variant": "champion", "version": "v", "latency_ms": 1, "error": false}',
+        b"[" * 100_000,
+        b"{" + b'"a": 1, ' * 10_000 + b'"b": 2}',
+    ]
+    bad_out = [
+        b'{"id": "r1", "t": 5, "value": "1"}',
+        b'{"id": "nobody", "t": 5, "value": 1}',
+        b'{"id": "r1", "t": 1e308, "value": Infinity}',
+        b"{}",
+        b'"just a string"',
+    ]
+    with (folder / "predictions.jsonl").open("ab") as f:
+        f.write(b"\n".join(bad_pred) + b"\n")
+    with (folder / "outcomes.jsonl").open("ab") as f:
+        f.write(b"\n".join(bad_out) + b"\n")
+    # Execute
+    log = read_log(folder)
+    # Assert: every bad line counted, the good rows untouched
+    assert sum(log.skipped.values()) == len(bad_pred) + len(bad_out) + sum(good.skipped.values())
+    assert log.skipped["predictions: repeated id"] == 1
+    assert log.skipped["outcomes: id of no logged prediction"] == 1
+    assert len(log.requests.t) == len(good.requests.t) and len(log.outcomes.t) == len(good.outcomes.t)
+
+
+def test_random_bytes_never_crash_the_reader(tmp_path: Path) -> None:
+    # Prepare: 200 files of random bytes and mutated good lines
+    rng = np.random.default_rng(5)
+    line = json.dumps(
+        {"id": "a", "t": 1.0, "variant": "champion", "version": "v", "latency_ms": 2.0, "error": False}
+    )
+    for k in range(200):
+        folder = tmp_path / f"f{k}"
+        folder.mkdir()
+        raw = bytearray((line + "\n") * 3, "utf-8")
+        for i in rng.integers(0, len(raw), size=rng.integers(1, 8)):
+            raw[i] = int(rng.integers(0, 256))
+        (folder / "predictions.jsonl").write_bytes(bytes(raw) + rng.bytes(int(rng.integers(0, 64))))
+        (folder / "outcomes.jsonl").write_bytes(rng.bytes(int(rng.integers(0, 256))))
+        # Execute / Assert: reads, or is refused with a one-line error, never anything else
+        log = read_log(folder)
+        try:
+            analyse(log, ABConfig())
+        except ConfigError as err:
+            assert "\n" not in str(err)
+
+
+def test_cli_prints_the_decision_and_writes_a_self_contained_html(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare
+    folder = write_log(tmp_path / "serve" / "digits", 5000, rate=(0.10, 0.16), seed=6)
+    page = tmp_path / "ab.html"
+    # Execute
+    code, out, err = vatra_in_process(
+        capsys,
+        "model",
+        "ab-report",
+        "digits",
+        "--log-dir",
+        str(folder),
+        "--horizon",
+        "5000",
+        "--html",
+        str(page),
+    )
+    # Assert
+    assert code == 0, err
+    assert "decision: promote (win)" in out and "error_rate" in out and "traffic: challenger=" in out
+    text = page.read_text()
+    assert "<svg" in text and "http://" not in text and "https://" not in text and "<script" not in text
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: an empty folder, a binary metric fed with revenue, a third variant
+    folder = write_log(tmp_path / "log", 300, seed=7)
+    first, *rest = (folder / "outcomes.jsonl").read_text().splitlines()
+    revenue = json.dumps({**json.loads(first), "value": 12.5})
+    (folder / "outcomes.jsonl").write_text("\n".join([revenue, *rest]) + "\n")
+    (tmp_path / "empty").mkdir()
+    # Execute / Assert
+    code, _, err = vatra_in_process(capsys, "model", "ab-report", "m", "--log-dir", str(tmp_path / "empty"))
+    assert code == 2 and err.startswith("error: no predictions.jsonl") and err.count("\n") == 1
+    code, _, err = vatra_in_process(capsys, "model", "ab-report", "m", "--log-dir", str(folder))
+    assert code == 2 and "--metric continuous" in err and err.count("\n") == 1
+    code, _, err = vatra_in_process(
+        capsys, "model", "ab-report", "m", "--log-dir", str(folder), "--alpha", "2"
+    )
+    assert code == 2 and "alpha" in err
+    code, out, err = vatra_in_process(
+        capsys, "model", "ab-report", "m", "--log-dir", str(folder), "--metric", "continuous", "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["action"] in ("continue", "promote", "rollback", "stop")
+
+
+class _Registry:
+    """Records the calls ``--apply`` makes (the registry's own tests cover what it does with them)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+
+    def promote(self, *args: object, **kw: object) -> None:
+        self.calls.append(("promote", args, kw))
+
+    def rollback(self, *args: object, **kw: object) -> None:
+        self.calls.append(("rollback", args, kw))
+
+
+def test_apply_maps_each_decision_to_an_alias_move_with_evidence(tmp_path: Path) -> None:
+    # Prepare
+    win = analyse(read_log(write_log(tmp_path / "a", 6000, rate=(0.10, 0.16))), ABConfig(horizon=6000))
+    harm = analyse(read_log(write_log(tmp_path / "b", 3000, errors=(0.01, 0.08), seed=1)), ABConfig())
+    wait = analyse(read_log(write_log(tmp_path / "c", 300, seed=8)), ABConfig())
+    reg = _Registry()
+    # Execute
+    done = [apply_decision(reg, "digits", r) for r in (win, harm, wait)]
+    # Assert
+    assert done[2] is None and len(reg.calls) == 2
+    (op1, args1, kw1), (op2, args2, kw2) = reg.calls
+    assert op1 == "promote" and args1[:3] == ("digits", "v2bbbb", "champion")
+    assert op2 == "rollback" and args2[:2] == ("digits", "challenger")
+    assert kw1["evidence"]["rule"] == "win" and kw2["evidence"]["rule"] == "guardrail:error_rate"  # type: ignore[index]
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    # Prepare: a report whose variant name is hostile markup
+    folder = write_log(tmp_path / "log", 5000, rate=(0.10, 0.16), seed=9)
+    text = (
+        (folder / "predictions.jsonl").read_text().replace('"challenger"', '"<img src=x onerror=alert(1)>"')
+    )
+    (folder / "predictions.jsonl").write_text(text)
+    result = analyse(read_log(folder), ABConfig(horizon=5000, mde=0.02))
+    page = tmp_path / "ab.html"
+    page.write_text(render(result, "digits"))
+    # Execute
+    proc = subprocess.run(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    dom = proc.stdout
+    # Assert: the browser built the charts, the tables and the numbers; the markup stayed text
+    assert proc.returncode == 0 and "<body" in dom, proc.stderr[-2000:]
+    for element in (
+        'id="effect-chart"',
+        'class="ci-band"',
+        'class="effect"',
+        'id="p-chart"',
+        'class="p-seq"',
+    ):
+        assert element in dom, element
+    assert dom.count('class="split"') == 2 and dom.count('class="guardrail"') == 2
+    assert 'id="card-decision"' in dom and ">promote<" in dom
+    assert f"{result.decision.evidence.n_champion}" in dom  # type: ignore[union-attr]
+    assert "<img" not in dom and "&lt;img src=x onerror=alert(1)&gt;" in dom
