@@ -39,7 +39,7 @@ class ABConfig:
     alpha: float = 0.05
     mde: float | None = None
     horizon: int = 5000
-    min_n: int = 30
+    min_n: int = 100
     higher_is_better: bool = True
     champion: str = "champion"
     challenger: str | None = None

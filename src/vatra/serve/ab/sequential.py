@@ -31,6 +31,7 @@ from numpy.typing import ArrayLike, NDArray
 
 Metric = Literal["binary", "continuous"]
 F = NDArray[np.float64]
+MIN_EVENTS = 10  # binary: expected events (and non-events) per arm before the test may decide
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class SequentialStats:
     ``n_a``/``n_b`` outcomes per arm so far; ``effect`` = challenger (b) - champion (a);
     ``lo``/``hi`` the confidence sequence at that point; ``p`` the always-valid p-value (the
     running minimum over every outcome so far, not only over the points shown); ``z_p`` the
-    two-sided p-value of a plain fixed-horizon z-test on the same data, for contrast: it is only
-    valid at one planned look."""
+    two-sided p-value of a plain fixed-horizon z-test on the same data (from 2 outcomes per arm,
+    with no minimum), for contrast: it is only valid at one planned look."""
 
     n_a: F
     n_b: F
@@ -99,14 +100,17 @@ def sequential_test(
     metric: Metric = "continuous",
     alpha: float = 0.05,
     horizon: int = 10_000,
-    min_n: int = 30,
+    min_n: int = 100,
     at: ArrayLike | None = None,
 ) -> SequentialStats:
     """Run the test along the last axis of ``values`` (outcomes in arrival order; ``is_b`` marks
     the challenger's). The test is evaluated after every outcome (the always-valid p-value is the
     running minimum over all of them) and reported at the 1-based outcome counts ``at`` (default:
-    every outcome). Before both arms have ``min_n`` outcomes the p-value stays 1 and the interval
-    unbounded: the variance estimate is not yet worth a decision."""
+    every outcome). Before both arms have ``min_n`` outcomes (for a binary metric, also
+    ``MIN_EVENTS`` expected events and non-events each at the pooled rate) the p-value stays 1
+    and the interval unbounded: the normal approximation is not yet worth a decision. Measured:
+    with 30 instead of 100, a 90/10 split of skewed (lognormal) values had 10 % false positives
+    at alpha = 5 %, and one of 10 % conversions with 30 outcomes in the small arm 8 %."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if horizon < 1 or min_n < 2:
@@ -118,13 +122,18 @@ def sequential_test(
     mean_a, var_a = _mean_var(na, s1a, s2a, metric)
     mean_b, var_b = _mean_var(nb, s1b, s2b, metric)
     ready = (na >= min_n) & (nb >= min_n)
+    if metric == "binary":  # and enough events for a normal approximation (np >= 10 in each arm)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pooled = (s1a + s1b) / (na + nb)
+        ready &= np.minimum(na, nb) * np.minimum(pooled, 1.0 - pooled) >= MIN_EVENTS
     with np.errstate(divide="ignore", invalid="ignore"):
-        var = np.where(ready, var_a / na + var_b / nb, np.nan)
+        var_now = np.where((na >= 2) & (nb >= 2), var_a / na + var_b / nb, np.nan)
+    var = np.where(ready, var_now, np.nan)
     effect = mean_b - mean_a
     tau2 = mixing_variance(var, na + nb, alpha=alpha, horizon=horizon)
     inv_lam, half = msprt(np.where(ready, effect, 0.0), var, tau2, alpha)
     p = np.minimum.accumulate(inv_lam, axis=-1)
-    z_p = z_test_p(np.where(ready, effect, 0.0), var)
+    z_p = z_test_p(np.where(np.isfinite(var_now), effect, 0.0), var_now)  # no minimum: as a dashboard shows it
     idx = np.arange(x.shape[-1]) if at is None else np.asarray(at, dtype=np.int64) - 1
     if idx.size and (idx.min() < 0 or idx.max() >= x.shape[-1]):
         raise ValueError(f"report points must lie in 1..{x.shape[-1]}")
