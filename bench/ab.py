@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import print_table, write_result
 
+from _common import print_table, write_result
 from vatra.serve.ab import sequential_test
 
 CHUNK = 100  # experiments per batch: keeps the (CHUNK, max_n) arrays at a few tens of MB
@@ -41,7 +41,8 @@ def run(lift: float, args: argparse.Namespace, rng: np.random.Generator) -> dict
     for start in range(0, args.experiments, CHUNK):
         e = min(CHUNK, args.experiments - start)
         is_b = rng.random((e, args.max_n)) < 0.5
-        values = (rng.random((e, args.max_n)) < np.where(is_b, args.base + lift, args.base)).astype(np.float64)
+        rate = np.where(is_b, args.base + lift, args.base)
+        values = (rng.random((e, args.max_n)) < rate).astype(np.float64)
         s = sequential_test(values, is_b, metric="binary", alpha=args.alpha, horizon=args.max_n, at=peeks)
         for name, hit in (
             ("msprt", s.p < args.alpha),

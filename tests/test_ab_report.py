@@ -15,6 +15,7 @@ from tests.conftest import vatra_in_process
 from vatra.cli.model_ab import apply_decision
 from vatra.errors import ConfigError
 from vatra.serve.ab import ABConfig, analyse, read_log, render
+from vatra.serve.registry import Registry
 
 
 def write_log(
@@ -27,6 +28,7 @@ def write_log(
     share: float = 0.5,
     seed: int = 0,
     outcomes: bool = True,
+    versions: tuple[str, str] = ("v1aaaa", "v2bbbb"),
 ) -> Path:
     """A serving log of ``n`` requests split champion/challenger, as the server writes it: one
     prediction row per request and, for those that did not fail, one outcome row (binary at the
@@ -40,7 +42,7 @@ def write_log(
     conv = rng.random(n) < np.take(rate, arm)
     with (folder / "predictions.jsonl").open("w") as pf, (folder / "outcomes.jsonl").open("w") as of:
         for i in range(n):
-            variant, version = ("challenger", "v2bbbb") if is_b[i] else ("champion", "v1aaaa")
+            variant, version = ("challenger", versions[1]) if is_b[i] else ("champion", versions[0])
             row = {"id": f"r{i}", "t": 1000.0 + i, "variant": variant, "version": version, "key": None}
             pf.write(json.dumps({**row, "latency_ms": float(lat[i]), "error": bool(err[i])}) + "\n")
             if outcomes and not err[i]:
@@ -214,33 +216,82 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert json.loads(out)["action"] in ("continue", "promote", "rollback", "stop")
 
 
-class _Registry:
-    """Records the calls ``--apply`` makes (the registry's own tests cover what it does with them)."""
+def _registry_with_canary(tmp_path: Path) -> tuple[Registry, str, str]:
+    """A real registry: v1 is champion; the challenger alias went v1 -> v2 (a canary)."""
+    reg = Registry(tmp_path / "models")
+    ids = []
+    for k in (1, 2):
+        folder = tmp_path / f"model{k}"
+        folder.mkdir()
+        (folder / "weights.bin").write_bytes(bytes([k]) * 64)
+        ids.append(reg.register(folder, "digits", {"k": k}).id)
+    reg.promote("digits", ids[0], "champion", "first model")
+    reg.promote("digits", ids[0], "challenger", "canary starts equal")
+    reg.promote("digits", ids[1], "challenger", "canary of v2")
+    return reg, ids[0], ids[1]
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
 
-    def promote(self, *args: object, **kw: object) -> None:
-        self.calls.append(("promote", args, kw))
-
-    def rollback(self, *args: object, **kw: object) -> None:
-        self.calls.append(("rollback", args, kw))
+def _ab(capsys: pytest.CaptureFixture[str], folder: Path, reg: Registry, *extra: str) -> tuple[int, str, str]:
+    args = ["model", "ab-report", "digits", "--log-dir", str(folder), "--registry", reg.uri, *extra]
+    return vatra_in_process(capsys, *args)
 
 
-def test_apply_maps_each_decision_to_an_alias_move_with_evidence(tmp_path: Path) -> None:
+def test_apply_promotes_a_winner_in_the_alias_history_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Prepare
-    win = analyse(read_log(write_log(tmp_path / "a", 6000, rate=(0.10, 0.16))), ABConfig(horizon=6000))
-    harm = analyse(read_log(write_log(tmp_path / "b", 3000, errors=(0.01, 0.08), seed=1)), ABConfig())
-    wait = analyse(read_log(write_log(tmp_path / "c", 300, seed=8)), ABConfig())
-    reg = _Registry()
+    reg, v1, v2 = _registry_with_canary(tmp_path)
+    folder = write_log(tmp_path / "log", 6000, rate=(0.10, 0.16), versions=(v1[:12], v2[:12]))
+    # Execute: applied twice, as a scheduled job would
+    code, out, err = _ab(capsys, folder, reg, "--horizon", "6000", "--apply")
+    again, out2, _ = _ab(capsys, folder, reg, "--horizon", "6000", "--apply")
+    # Assert: champion -> v2 once, with the evidence of the moment the test fired
+    assert code == 0 and again == 0, err
+    assert "applied: promoted" in out and "already applied" in out2
+    assert reg.aliases("digits")["champion"] == v2
+    moves = [m for m in reg.history("digits") if m.alias == "champion"]
+    assert [m.target for m in moves] == [v1, v2]
+    ev = moves[-1].evidence
+    assert ev is not None and ev["rule"] == "win" and ev["at_decision"]["lo"] > 0
+    assert ev["challenger"]["version"] == v2[:12]
+
+
+def test_apply_rolls_the_challenger_back_when_a_guardrail_trips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: v2 fails 8 % of requests
+    reg, v1, v2 = _registry_with_canary(tmp_path)
+    folder = write_log(tmp_path / "log", 3000, errors=(0.01, 0.08), seed=1, versions=(v1, v2))
     # Execute
-    done = [apply_decision(reg, "digits", r) for r in (win, harm, wait)]
+    code, out, err = _ab(capsys, folder, reg, "--apply")
+    again, out2, _ = _ab(capsys, folder, reg, "--apply")
+    # Assert: the challenger alias is back on v1, the champion untouched, and only one move made
+    assert code == 0 and again == 0, err
+    assert "decision: rollback (guardrail:error_rate)" in out and "already applied" in out2
+    assert reg.aliases("digits") == {"champion": v1, "challenger": v1}
+    last = reg.history("digits")[-1]
+    assert (last.alias, last.action) == ("challenger", "rollback")
+    assert last.evidence is not None and last.evidence["rule"] == "guardrail:error_rate"
+    assert len(reg.history("digits")) == 4
+
+
+def test_apply_without_an_earlier_challenger_points_it_at_the_champion(tmp_path: Path) -> None:
+    # Prepare: the challenger alias was set once, straight to v2
+    reg = Registry(tmp_path / "models")
+    ids = []
+    for k in (1, 2):
+        (tmp_path / f"m{k}").mkdir()
+        (tmp_path / f"m{k}" / "w.bin").write_bytes(bytes([k]) * 8)
+        ids.append(reg.register(tmp_path / f"m{k}", "digits").id)
+    reg.promote("digits", ids[0], "champion", "first")
+    reg.promote("digits", ids[1], "challenger", "canary")
+    folder = write_log(tmp_path / "log", 3000, errors=(0.01, 0.08), seed=1, versions=(ids[0], ids[1]))
+    result = analyse(read_log(folder), ABConfig())
+    # Execute
+    done = apply_decision(reg, "digits", result)
     # Assert
-    assert done[2] is None and len(reg.calls) == 2
-    (op1, args1, kw1), (op2, args2, kw2) = reg.calls
-    assert op1 == "promote" and args1[:3] == ("digits", "v2bbbb", "champion")
-    assert op2 == "rollback" and args2[:2] == ("digits", "challenger")
-    assert kw1["evidence"]["rule"] == "win" and kw2["evidence"]["rule"] == "guardrail:error_rate"  # type: ignore[index]
+    assert done is not None and reg.aliases("digits")["challenger"] == ids[0]
+    assert "no earlier challenger version" in reg.history("digits")[-1].reason
 
 
 CHROMIUM_FLAGS = [

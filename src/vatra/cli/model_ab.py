@@ -6,21 +6,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from vatra._html import fmt
-from vatra.cli.app import app
+from vatra.cli.model import KEY_ENV, REGISTRY, model_app, open_registry
 from vatra.errors import ConfigError, write_failed
 from vatra.serve.ab import ABConfig, ABResult, Evidence, analyse, read_log, render
 
-model_app = typer.Typer(
-    rich_markup_mode=None, help="Trained models: the registry, serving and A/B tests.", no_args_is_help=True
-)
-app.add_typer(model_app, name="model")
+if TYPE_CHECKING:
+    from vatra.serve.registry import Registry
 
 
 def _print(result: ABResult, console: Console) -> None:
@@ -69,32 +67,43 @@ def _print(result: ABResult, console: Console) -> None:
     console.print(f"decision: {d.action} ({d.rule}): {d.reason}", markup=False, highlight=False)
 
 
-def apply_decision(registry: Any, name: str, result: ABResult) -> str | None:
-    """Record the decision in the registry's alias history, with its evidence. ``promote`` moves
-    the champion alias to the challenger's version; ``rollback`` (a guardrail tripped, or the
-    challenger lost) and ``stop`` (futility) roll the challenger alias back, so the challenger
-    stops taking traffic. ``continue`` moves nothing. Returns what was done, or None."""
+def _same(a: str | None, b: str) -> bool:
+    """Two version ids, either possibly a prefix of the other (the log may hold a short id)."""
+    return a is not None and (a.startswith(b) or b.startswith(a))
+
+
+def apply_decision(registry: Registry, name: str, result: ABResult) -> str | None:
+    """Record the decision in the registry's alias history, with its evidence; returns what was
+    done, or None for ``continue``.
+
+    ``promote`` moves the champion alias to the challenger's version. ``rollback`` (a guardrail
+    tripped, or the challenger lost) and ``stop`` (futility) roll the challenger alias back one
+    step, so the challenger stops taking this traffic; when its history has no earlier version,
+    the challenger alias is pointed at the champion's version instead. Idempotent: once the alias
+    no longer says what the log says (already applied, or moved by hand), nothing is moved, so a
+    scheduled ``ab-report --apply`` does not roll back step after step."""
+    from vatra.serve.registry import RegistryUsageError
+
     d = result.decision
+    if d.action == "continue":
+        return None
     evidence = result.evidence_dict()
+    champ, chall = result.champion, result.challenger
+    champ_v, chall_v = result.latest[champ], result.latest[chall]
+    current = registry.aliases(name)
     if d.action == "promote":
-        version = result.latest[result.challenger]
-        registry.promote(name, version, result.champion, d.reason, evidence=evidence)
-        return f"promoted {name}@{version} to alias {result.champion}"
-    if d.action in ("rollback", "stop"):
-        registry.rollback(name, result.challenger, d.reason, evidence=evidence)
-        return f"rolled back alias {result.challenger} of {name}"
-    return None
-
-
-def _open_registry(uri: str | None) -> Any:
+        if _same(current.get(champ), chall_v):
+            return f"already applied: {name}@{champ} is {chall_v}"
+        registry.promote(name, chall_v, champ, d.reason, evidence=evidence)
+        return f"promoted {name}@{chall_v} to alias {champ}"
+    if not _same(current.get(chall), chall_v):
+        return f"already applied: {name}@{chall} no longer serves {chall_v}"
     try:
-        from vatra.serve.registry import Registry  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise ConfigError(
-            "--apply needs the model registry (vatra.serve.registry), which this build does not have; "
-            "run without --apply and move the alias by hand"
-        ) from None
-    return Registry(uri)
+        move = registry.rollback(name, chall, d.reason, evidence=evidence)
+    except RegistryUsageError:  # never promoted before this version: fall back to the champion's
+        why = f"{d.reason}; no earlier {chall} version, so it now serves the champion's"
+        move = registry.promote(name, champ_v, chall, why, evidence=evidence)
+    return f"moved alias {chall} of {name} from {chall_v} back to {move.target}"
 
 
 @model_app.command("ab-report")
@@ -130,9 +139,8 @@ def ab_report(
     apply: Annotated[
         bool, typer.Option("--apply", help="Record the decision in the registry's alias history.")
     ] = False,
-    registry: Annotated[
-        str | None, typer.Option(help="The registry for --apply (default VATRA_REGISTRY or ./models).")
-    ] = None,
+    registry: str | None = REGISTRY,
+    key_env: str | None = KEY_ENV,
 ) -> None:
     """Judge an A/B test from the serving logs with an always-valid sequential test (mSPRT).
 
@@ -168,9 +176,9 @@ def ab_report(
         if not as_json:
             print(f"report: {html}")
     if apply:
-        done = apply_decision(_open_registry(registry), name, result)
+        done = apply_decision(open_registry(registry, key_env), name, result)
         if not as_json:
             print(f"applied: {done}" if done else "applied: nothing to move (continue)")
 
 
-__all__ = ["ab_report", "apply_decision", "model_app"]
+__all__ = ["ab_report", "apply_decision"]

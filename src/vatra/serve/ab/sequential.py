@@ -133,7 +133,8 @@ def sequential_test(
     tau2 = mixing_variance(var, na + nb, alpha=alpha, horizon=horizon)
     inv_lam, half = msprt(np.where(ready, effect, 0.0), var, tau2, alpha)
     p = np.minimum.accumulate(inv_lam, axis=-1)
-    z_p = z_test_p(np.where(np.isfinite(var_now), effect, 0.0), var_now)  # no minimum: as a dashboard shows it
+    # the contrast z-test has no minimum sample: as a dashboard shows it
+    z_p = z_test_p(np.where(np.isfinite(var_now), effect, 0.0), var_now)
     idx = np.arange(x.shape[-1]) if at is None else np.asarray(at, dtype=np.int64) - 1
     if idx.size and (idx.min() < 0 or idx.max() >= x.shape[-1]):
         raise ValueError(f"report points must lie in 1..{x.shape[-1]}")
