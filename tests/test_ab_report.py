@@ -341,3 +341,21 @@ def test_html_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert 'id="card-decision"' in dom and ">promote<" in dom
     assert f"{result.decision.evidence.n_champion}" in dom  # type: ignore[union-attr]
     assert "<img" not in dom and "&lt;img src=x onerror=alert(1)&gt;" in dom
+
+
+def test_a_log_without_outcomes_yet_runs_the_guardrails_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: requests logged, no outcomes file yet
+    folder = write_log(tmp_path / "log", 600, seed=10, outcomes=False)
+    (folder / "outcomes.jsonl").unlink()
+    page = tmp_path / "ab.html"
+    # Execute
+    code, out, err = vatra_in_process(
+        capsys, "model", "ab-report", "m", "--log-dir", str(folder), "--html", str(page)
+    )
+    # Assert: continue, said why; the page has the guardrails and no effect chart
+    assert code == 0, err
+    assert "decision: continue" in out and "only the guardrails ran" in out
+    text = page.read_text()
+    assert 'id="guardrails"' in text and 'id="effect-chart"' not in text

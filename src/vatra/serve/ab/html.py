@@ -175,12 +175,15 @@ def render(result: ABResult, name: str) -> str:
         + "</div>",
         f'<p id="reason">{_e(d.reason)}</p>',
     ]
-    if d.evidence is not None:
+    if d.evidence is not None and d.rule != "none":
+        what = (
+            "requests, harm rate per arm" if d.rule.startswith("guardrail:") else "outcomes, metric per arm"
+        )
         body.append(
-            f'<h2>Evidence when the rule fired</h2><table class="kv" id="evidence">'
+            f'<h2>Evidence when the rule fired ({what})</h2><table class="kv" id="evidence">'
             f"{_evidence_rows(d.evidence, result.champion, result.challenger)}</table>"
         )
-    if result.primary is not None and result.primary is not d.evidence:
+    if result.primary is not None:
         body.append(
             f'<h2>Now</h2><table class="kv" id="now">'
             f"{_evidence_rows(result.primary, result.champion, result.challenger)}</table>"
