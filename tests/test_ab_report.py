@@ -359,3 +359,26 @@ def test_a_log_without_outcomes_yet_runs_the_guardrails_only(
     assert "decision: continue" in out and "only the guardrails ran" in out
     text = page.read_text()
     assert 'id="guardrails"' in text and 'id="effect-chart"' not in text
+
+
+def test_the_rows_of_one_batched_request_count_as_one_request(tmp_path: Path) -> None:
+    # Prepare: 50 requests of 20 rows each, as the server logs a batch (one line per row, same
+    # t/variant/version/key/latency/error), every 5th request failed as a whole; an outcome per row
+    folder = tmp_path / "log"
+    folder.mkdir()
+    preds, outs = [], []
+    for r in range(50):
+        variant = "challenger" if r % 2 else "champion"
+        for k in range(20):
+            rid = f"q{r}-{k}"
+            row = {"id": rid, "t": 100.0 + r, "variant": variant, "version": variant[:3], "key": f"u{r}"}
+            preds.append(json.dumps({**row, "latency_ms": 5.0 + r, "error": r % 5 == 0}))
+            outs.append(json.dumps({"id": rid, "t": 100.5 + r, "value": 1.0}))
+    (folder / "predictions.jsonl").write_text("\n".join(preds) + "\n")
+    (folder / "outcomes.jsonl").write_text("\n".join(outs) + "\n")
+    # Execute
+    log = read_log(folder)
+    # Assert: 50 requests (10 failed), 1,000 rows, every row's outcome joined
+    assert len(log.requests.t) == 50 and int(log.requests.rows.sum()) == 1000
+    assert int(log.requests.error.sum()) == 10
+    assert len(log.outcomes.t) == 1000 and not log.skipped

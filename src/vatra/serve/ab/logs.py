@@ -25,12 +25,16 @@ MAX_ID = 256
 
 @dataclass
 class Requests:
-    """One row per prediction request, sorted by time."""
+    """One entry per prediction request, sorted by time. The server writes one line per scored
+    row, and the rows of one request share its time, variant, version, key, latency and error:
+    consecutive lines equal in all of those are one request (``rows`` counts them), so a batch of
+    64 failed rows is one failure, not 64 correlated ones, for the guardrails."""
 
     t: NDArray[np.float64]
     variant: NDArray[np.str_]
     latency_ms: NDArray[np.float64]
     error: NDArray[np.bool_]
+    rows: NDArray[np.int64]
 
 
 @dataclass
@@ -103,12 +107,14 @@ def read_log(log_dir: Path) -> ABLog:
             "(vatra model serve NAME --log-dir D) as --log-dir"
         )
     skipped: Counter[str] = Counter()
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}  # prediction id -> its variant
     t: list[float] = []
     variant: list[str] = []
     version: list[str] = []
     latency: list[float] = []
     error: list[bool] = []
+    rows: list[int] = []
+    last: tuple[object, ...] | None = None
     for row in _rows(pred_path, skipped, "predictions"):
         rid, var, ver = _ident(row.get("id")), _ident(row.get("variant")), _ident(row.get("version"))
         rt, lat, err = _number(row.get("t")), _number(row.get("latency_ms")), row.get("error")
@@ -121,28 +127,35 @@ def read_log(log_dir: Path) -> ABLog:
         if rid in seen:
             skipped["predictions: repeated id"] += 1
             continue
-        seen[rid] = len(t)
+        seen[rid] = var
+        request = (rt, var, ver, row.get("key"), lat, err)
+        if request == last:
+            rows[-1] += 1
+            continue
+        last = request
         t.append(rt)
         variant.append(var)
         version.append(ver)
         latency.append(lat)
         error.append(err)
+        rows.append(1)
     order = np.argsort(np.asarray(t, dtype=np.float64), kind="stable")
     requests = Requests(
         t=np.asarray(t, dtype=np.float64)[order],
         variant=np.asarray(variant, dtype=np.str_)[order],
         latency_ms=np.asarray(latency, dtype=np.float64)[order],
         error=np.asarray(error, dtype=bool)[order],
+        rows=np.asarray(rows, dtype=np.int64)[order],
     )
     versions: dict[str, Counter[str]] = {}
     latest: dict[str, str] = {}
     for i in order:
         versions.setdefault(variant[i], Counter())[version[i]] += 1
         latest[variant[i]] = version[i]
-    return ABLog(requests, _join_outcomes(out_path, seen, variant, skipped), versions, latest, skipped)
+    return ABLog(requests, _join_outcomes(out_path, seen, skipped), versions, latest, skipped)
 
 
-def _join_outcomes(path: Path, seen: dict[str, int], variant: list[str], skipped: Counter[str]) -> Outcomes:
+def _join_outcomes(path: Path, seen: dict[str, str], skipped: Counter[str]) -> Outcomes:
     """The outcomes whose id names a logged prediction, the first one per id."""
     ot: list[float] = []
     value: list[float] = []
@@ -163,7 +176,7 @@ def _join_outcomes(path: Path, seen: dict[str, int], variant: list[str], skipped
             done.add(oid)
             ot.append(rt)
             value.append(v)
-            ovar.append(variant[seen[oid]])
+            ovar.append(seen[oid])
     order = np.argsort(np.asarray(ot, dtype=np.float64), kind="stable")
     return Outcomes(
         t=np.asarray(ot, dtype=np.float64)[order],
