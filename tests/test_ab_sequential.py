@@ -108,3 +108,22 @@ def test_the_interval_is_the_inverse_of_the_p_value() -> None:
     first = int(np.argmax(s.p < ALPHA))
     assert s.p[first] < ALPHA and (s.lo[first] > 0 or s.hi[first] < 0)
     assert (~((s.lo[:first] > 0) | (s.hi[:first] < 0))).all()
+
+
+def test_the_interval_matches_growthbooks_closed_form() -> None:
+    # Prepare: GrowthBook's sequential interval (gbstats, after Howard et al.'s normal mixture) for
+    # a per-outcome variance s2, N outcomes and tuning N*: rho2 = (-2 log a + log(1 - 2 log a)) / N*
+    from vatra.serve.ab.sequential import mixing_variance, msprt
+
+    s2, n_star = 2.5, 4000.0
+    n = np.array([200.0, 1000.0, 4000.0, 20000.0])
+    rho2 = (-2 * np.log(ALPHA) + np.log(1 - 2 * np.log(ALPHA))) / n_star
+    reference = np.sqrt(s2 * 2 * (n * rho2 + 1) / (n**2 * rho2) * np.log(np.sqrt(n * rho2 + 1) / ALPHA))
+    # Execute: the same through vatra's variance of the estimate V = s2 / N
+    var = s2 / n
+    tau2 = mixing_variance(var, n, alpha=ALPHA, horizon=int(n_star))
+    _, half = msprt(np.zeros_like(n), var, tau2, ALPHA)
+    # Assert: equal to float rounding, and wider than the z interval at every n (the price of peeking)
+    np.testing.assert_allclose(half, reference, rtol=1e-12)
+    ratio = half / (1.96 * np.sqrt(var))
+    assert ratio.min() > 1.0
