@@ -62,6 +62,9 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name}")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)  # one decoder: json.loads makes one per call
+
+
 def _rows(path: Path, skipped: Counter[str], label: str) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file; a line that is too long, not UTF-8, not JSON or not an
     object is counted under ``"<label>: <why>"``."""
@@ -74,7 +77,7 @@ def _rows(path: Path, skipped: Counter[str], label: str) -> list[dict[str, Any]]
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+                row = _DECODER.decode(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError, RecursionError):
                 skipped[f"{label}: not JSON"] += 1
                 continue
