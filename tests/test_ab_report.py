@@ -29,10 +29,11 @@ def write_log(
     seed: int = 0,
     outcomes: bool = True,
     versions: tuple[str, str] = ("v1aaaa", "v2bbbb"),
+    start: int = 0,
 ) -> Path:
     """A serving log of ``n`` requests split champion/challenger, as the server writes it: one
     prediction row per request and, for those that did not fail, one outcome row (binary at the
-    arm's ``rate``) a little later."""
+    arm's ``rate``) a little later. ``start``: append request ``start`` onwards to a log."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     is_b = rng.random(n) < share
@@ -40,13 +41,14 @@ def write_log(
     err = rng.random(n) < np.take(errors, arm)
     lat = rng.lognormal(np.log(np.take(latency, arm)), 0.3)
     conv = rng.random(n) < np.take(rate, arm)
-    with (folder / "predictions.jsonl").open("w") as pf, (folder / "outcomes.jsonl").open("w") as of:
-        for i in range(n):
-            variant, version = ("challenger", versions[1]) if is_b[i] else ("champion", versions[0])
+    with (folder / "predictions.jsonl").open("a") as pf, (folder / "outcomes.jsonl").open("a") as of:
+        for k in range(n):
+            i = start + k
+            variant, version = ("challenger", versions[1]) if is_b[k] else ("champion", versions[0])
             row = {"id": f"r{i}", "t": 1000.0 + i, "variant": variant, "version": version, "key": None}
-            pf.write(json.dumps({**row, "latency_ms": float(lat[i]), "error": bool(err[i])}) + "\n")
-            if outcomes and not err[i]:
-                of.write(json.dumps({"id": f"r{i}", "t": 1000.5 + i, "value": float(conv[i])}) + "\n")
+            pf.write(json.dumps({**row, "latency_ms": float(lat[k]), "error": bool(err[k])}) + "\n")
+            if outcomes and not err[k]:
+                of.write(json.dumps({"id": f"r{i}", "t": 1000.5 + i, "value": float(conv[k])}) + "\n")
     return folder
 
 
@@ -104,6 +106,32 @@ def test_futility_stops_when_the_interval_rules_out_the_minimum_effect(tmp_path:
     assert (d.action, d.rule) == ("stop", "futility")
     assert d.evidence is not None and d.evidence.hi < 0.05
     assert none.decision.action == "continue"
+
+
+def test_only_the_current_experiment_is_judged_after_an_alias_moved(tmp_path: Path) -> None:
+    # Prepare: challenger v2 clearly won; then its alias moved to v3, which converts like v1
+    folder = write_log(tmp_path / "log", 6000, rate=(0.10, 0.18), versions=("v1", "v2"))
+    write_log(folder, 3000, versions=("v1", "v3"), start=6000, seed=11)
+    # Execute
+    result = analyse(read_log(folder), ABConfig(horizon=3000))
+    # Assert: v2's win is not credited to v3; only the 3,000 requests since the move count
+    assert result.latest["challenger"] == "v3" and result.decision.action == "continue"
+    assert result.primary is not None and result.primary.n_champion + result.primary.n_challenger < 3000
+    assert 3000 <= sum(result.traffic.values()) <= 3010  # from v2's last request on
+    assert any("an alias moved" in n and "earlier requests left out" in n for n in result.notes)
+
+
+def test_a_guardrail_trip_overrides_an_earlier_win(tmp_path: Path) -> None:
+    # Prepare: the challenger converts better (a quick win) but fails more requests (a later trip)
+    log = read_log(write_log(tmp_path / "log", 8000, rate=(0.10, 0.20), errors=(0.01, 0.025), seed=12))
+    # Execute
+    result = analyse(log, ABConfig(horizon=8000))
+    # Assert: rollback, and the report says a win had fired
+    win_t = analyse(log, ABConfig(horizon=8000, error_margin=0.5, latency_ms=1e9)).decision.evidence
+    assert (result.decision.action, result.decision.rule) == ("rollback", "guardrail:error_rate")
+    assert win_t is not None and result.decision.evidence is not None
+    assert win_t.t < result.decision.evidence.t
+    assert any("'win' fired too" in n for n in result.notes)
 
 
 def test_hostile_and_malformed_lines_are_counted_not_trusted(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ that fired, at the moment it fired: a stopping time, which the always-valid test
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -173,11 +174,24 @@ def _variants(log: ABLog, cfg: ABConfig) -> tuple[str, str]:
     return cfg.champion, others[0]
 
 
-def _guardrails(log: ABLog, cfg: ABConfig, champ: str, chall: str) -> list[Guardrail]:
+def _window_start(log: ABLog, champ: str, chall: str) -> float:
+    """When the current experiment began: after the last request that either arm served with a
+    version other than its latest (an alias moved: a promotion, a rollback, a new challenger).
+    Earlier rows belong to another experiment; mixing them in would compare other models."""
+    r = log.requests
+    start = -math.inf
+    for v in (champ, chall):
+        old = (r.variant == v) & (r.version != log.latest[v])
+        if old.any():
+            start = max(start, float(r.t[old].max()))
+    return start
+
+
+def _guardrails(log: ABLog, cfg: ABConfig, champ: str, chall: str, start: float) -> list[Guardrail]:
     """The error-rate and latency guardrails on every request of the two arms: each is a binary
     sequential test of a harm indicator (the request failed; it was slower than the line)."""
     r = log.requests
-    keep = (r.variant == champ) | (r.variant == chall)
+    keep = ((r.variant == champ) | (r.variant == chall)) & (r.t > start)
     t, is_b, err, lat = r.t[keep], r.variant[keep] == chall, r.error[keep], r.latency_ms[keep]
     out: list[Guardrail] = []
     for name, harm, desc, skip in _harms(cfg, t, is_b, err, lat):
@@ -222,19 +236,28 @@ def _harms(
 def analyse(log: ABLog, cfg: ABConfig) -> ABResult:
     """Run every rule over the log and take the first that fired."""
     champ, chall = _variants(log, cfg)
+    start = _window_start(log, champ, chall)
     o = log.outcomes
-    keep = (o.variant == champ) | (o.variant == chall)
+    current = ((o.variant == champ) & (o.version == log.latest[champ])) | (
+        (o.variant == chall) & (o.version == log.latest[chall])
+    )
+    keep = current & (o.pred_t > start)
     values, is_b, t = o.value[keep], o.variant[keep] == chall, o.t[keep]
     notes: list[str] = []
+    if math.isfinite(start):
+        left_out = int((log.requests.t <= start).sum())
+        notes.append(
+            f"an alias moved during the log: only the requests after t={start:.3f} (champion "
+            f"{log.latest[champ]}, challenger {log.latest[chall]}) are this experiment; "
+            f"{left_out} earlier requests left out"
+        )
     if cfg.metric == "binary" and values.size and not np.isin(values, (0.0, 1.0)).all():
         bad = int((~np.isin(values, (0.0, 1.0))).sum())
         raise ConfigError(
             f"{bad} outcome values are not 0 or 1, so the metric is not binary: pass --metric continuous"
         )
-    for v in (champ, chall):
-        if len(log.versions[v]) > 1:
-            notes.append(f"variant {v!r} served {len(log.versions[v])} versions during the experiment")
-    guards = _guardrails(log, cfg, champ, chall)
+    guards = _guardrails(log, cfg, champ, chall, start)
+    trips: list[tuple[float, int, Decision]] = []
     events: list[tuple[float, int, Decision]] = []
     for g in guards:
         if g.tripped is not None:
@@ -242,7 +265,7 @@ def analyse(log: ABLog, cfg: ABConfig) -> ABResult:
                 f"guardrail {g.name}: the challenger's {g.description} is higher "
                 f"({g.challenger:.4g} vs {g.champion:.4g})"
             )
-            events.append((g.tripped.t, 0, Decision("rollback", f"guardrail:{g.name}", reason, g.tripped)))
+            trips.append((g.tripped.t, 0, Decision("rollback", f"guardrail:{g.name}", reason, g.tripped)))
     primary: Evidence | None = None
     series = series_t = None
     if values.size:
@@ -271,11 +294,19 @@ def analyse(log: ABLog, cfg: ABConfig) -> ABResult:
         series_t = t[pts]
     else:
         notes.append("no outcome joined to a prediction of these variants yet: only the guardrails ran")
-    if events:
+    # A tripped guardrail wins over any primary rule, even one that fired earlier: not promoting
+    # never adds a false promotion, and a promotion of a harmful challenger is what guardrails stop.
+    if trips:
+        decision = min(trips, key=lambda e: e[0])[2]
+        if events:
+            first = min(events, key=lambda e: (e[0], e[1]))[2].rule
+            notes.append(f"the primary rule {first!r} fired too, but a guardrail tripped: rollback")
+    elif events:
         decision = min(events, key=lambda e: (e[0], e[1]))[2]
     else:
         decision = Decision("continue", "none", "no rule fired yet: keep collecting outcomes", primary)
-    traffic = {v: int((log.requests.variant == v).sum()) for v in sorted(log.versions)}
+    in_window = log.requests.t > start
+    traffic = {v: int(((log.requests.variant == v) & in_window).sum()) for v in sorted(log.versions)}
     return ABResult(
         config=cfg,
         champion=champ,

@@ -32,6 +32,7 @@ class Requests:
 
     t: NDArray[np.float64]
     variant: NDArray[np.str_]
+    version: NDArray[np.str_]
     latency_ms: NDArray[np.float64]
     error: NDArray[np.bool_]
     rows: NDArray[np.int64]
@@ -39,11 +40,14 @@ class Requests:
 
 @dataclass
 class Outcomes:
-    """One row per outcome joined to its prediction, sorted by the outcome's time."""
+    """One row per outcome joined to its prediction (its variant, version and time ``pred_t``),
+    sorted by the outcome's time."""
 
     t: NDArray[np.float64]
     value: NDArray[np.float64]
     variant: NDArray[np.str_]
+    version: NDArray[np.str_]
+    pred_t: NDArray[np.float64]
 
 
 @dataclass
@@ -110,7 +114,7 @@ def read_log(log_dir: Path) -> ABLog:
             "(vatra model serve NAME --log-dir D) as --log-dir"
         )
     skipped: Counter[str] = Counter()
-    seen: dict[str, str] = {}  # prediction id -> its variant
+    seen: dict[str, tuple[str, str, float]] = {}  # prediction id -> (variant, version, t)
     t: list[float] = []
     variant: list[str] = []
     version: list[str] = []
@@ -130,7 +134,7 @@ def read_log(log_dir: Path) -> ABLog:
         if rid in seen:
             skipped["predictions: repeated id"] += 1
             continue
-        seen[rid] = var
+        seen[rid] = (var, ver, rt)
         request = (rt, var, ver, row.get("key"), lat, err)
         if request == last:
             rows[-1] += 1
@@ -146,6 +150,7 @@ def read_log(log_dir: Path) -> ABLog:
     requests = Requests(
         t=np.asarray(t, dtype=np.float64)[order],
         variant=np.asarray(variant, dtype=np.str_)[order],
+        version=np.asarray(version, dtype=np.str_)[order],
         latency_ms=np.asarray(latency, dtype=np.float64)[order],
         error=np.asarray(error, dtype=bool)[order],
         rows=np.asarray(rows, dtype=np.int64)[order],
@@ -158,11 +163,11 @@ def read_log(log_dir: Path) -> ABLog:
     return ABLog(requests, _join_outcomes(out_path, seen, skipped), versions, latest, skipped)
 
 
-def _join_outcomes(path: Path, seen: dict[str, str], skipped: Counter[str]) -> Outcomes:
+def _join_outcomes(path: Path, seen: dict[str, tuple[str, str, float]], skipped: Counter[str]) -> Outcomes:
     """The outcomes whose id names a logged prediction, the first one per id."""
     ot: list[float] = []
     value: list[float] = []
-    ovar: list[str] = []
+    pred: list[tuple[str, str, float]] = []
     if path.is_file():
         done: set[str] = set()
         for row in _rows(path, skipped, "outcomes"):
@@ -179,10 +184,12 @@ def _join_outcomes(path: Path, seen: dict[str, str], skipped: Counter[str]) -> O
             done.add(oid)
             ot.append(rt)
             value.append(v)
-            ovar.append(seen[oid])
+            pred.append(seen[oid])
     order = np.argsort(np.asarray(ot, dtype=np.float64), kind="stable")
     return Outcomes(
         t=np.asarray(ot, dtype=np.float64)[order],
         value=np.asarray(value, dtype=np.float64)[order],
-        variant=np.asarray(ovar, dtype=np.str_)[order],
+        variant=np.asarray([p[0] for p in pred], dtype=np.str_)[order],
+        version=np.asarray([p[1] for p in pred], dtype=np.str_)[order],
+        pred_t=np.asarray([p[2] for p in pred], dtype=np.float64)[order],
     )
