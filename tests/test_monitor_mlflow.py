@@ -12,22 +12,24 @@ import vatra
 pytest.importorskip("mlflow")
 
 
-def _run(tmp_path: Path, uri: str) -> vatra.FitResult:
+def _run(tmp_path: Path, uri: str, checkpoint: bool = True) -> vatra.FitResult:
     cfg = small_config(
         train={"steps": 12, "batch_size": 8, "eval_every": 6},
         monitor={"enabled": False, "mlflow_uri": uri, "mlflow_every_s": 0.0, "mlflow_experiment": "digits"},
-        checkpoint={"enabled": False},
+        checkpoint={"enabled": checkpoint},
     )
     return vatra.fit(cfg, run_dir=tmp_path / "run")
 
 
-@pytest.mark.slow(12)
-def test_a_run_logs_its_config_and_metrics_to_mlflow(tmp_path: Path) -> None:
-    # Prepare
+@pytest.mark.slow(20)
+def test_a_run_logs_its_config_and_metrics_to_mlflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: MLflow puts a new experiment's artifacts in ./mlruns
+    monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # Execute
     result = _run(tmp_path, uri)
-    # Assert: params are the config, every step's loss is there, eval and summary figures too
+    # Assert: params are the config, every step's loss is there, eval and summary figures too, and
+    # the exported model folder is the run's artifacts
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -40,6 +42,8 @@ def test_a_run_logs_its_config_and_metrics_to_mlflow(tmp_path: Path) -> None:
     assert [m.step for m in losses] == list(range(1, 13))
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val_accuracy")] == [6, 12]
     assert run.data.metrics["summary.val_accuracy"] == pytest.approx(result.summary["val_accuracy"])
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/vatra-model.json", "model/model.safetensors"} <= logged
 
 
 def test_an_mlflow_failure_is_one_warning_and_the_run_finishes(
@@ -48,7 +52,7 @@ def test_an_mlflow_failure_is_one_warning_and_the_run_finishes(
     # Prepare: a tracking URI whose database cannot be created (its folder is a file)
     (tmp_path / "blocked").write_text("")
     # Execute
-    result = _run(tmp_path, f"sqlite:///{tmp_path / 'blocked' / 'mlflow.db'}")
+    result = _run(tmp_path, f"sqlite:///{tmp_path / 'blocked' / 'mlflow.db'}", checkpoint=False)
     # Assert
     warnings = [line for line in capsys.readouterr().out.splitlines() if "mlflow failed" in line]
     assert result.summary["steps"] == 12

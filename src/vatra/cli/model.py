@@ -112,6 +112,9 @@ def model_list(
     reg = open_registry(registry, key_env)
     console = Console(width=160)
     if name is None:
+        if not reg.names():
+            print(f"no models in {reg.uri}; add one with 'vatra model register RUN --name NAME'")
+            return
         table = Table("model", "versions", "newest", "registered (UTC)", "aliases")
         for model in reg.names():
             versions = reg.versions(model)
@@ -121,6 +124,7 @@ def model_list(
             )
         console.print(table)
         return
+    reg.get(name)  # an unknown name: one line naming the models there are
     aliases: dict[str, list[str]] = {}
     for alias, version in reg.aliases(name).items():
         aliases.setdefault(version, []).append(alias)

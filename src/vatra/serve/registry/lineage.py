@@ -91,7 +91,7 @@ def run_lineage(run_dir: Path, model_dir: Path | None = None) -> dict[str, Any]:
         },
         "metrics": quality_metrics(_read_json(run_dir / "summary.json")),
         "signature": manifest.get("signature") or {},
-        "format": manifest.get("format"),
+        "format": weights.get("format") if isinstance(weights := manifest.get("weights"), dict) else None,
         "code_version": code,
     }
 
