@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vatra._html import CSS, fmt
-from vatra.serve.ab.decide import ABResult, Evidence
+from vatra.serve.ab._records import ABResult, Evidence
 
 W, H, PAD = 720, 260, 48
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
