@@ -127,4 +127,7 @@ class ABResult:
             "at_decision": asdict(self.decision.evidence) if self.decision.evidence else None,
             "now": asdict(self.primary) if self.primary else None,
             "guardrails": {g.name: asdict(g.tripped) if g.tripped else None for g in self.guardrails},
+            "traffic": dict(self.traffic),
+            "notes": list(self.notes),
+            "skipped_lines": dict(self.skipped),
         }
