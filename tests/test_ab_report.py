@@ -410,3 +410,16 @@ def test_the_rows_of_one_batched_request_count_as_one_request(tmp_path: Path) ->
     assert len(log.requests.t) == 50 and int(log.requests.rows.sum()) == 1000
     assert int(log.requests.error.sum()) == 10
     assert len(log.outcomes.t) == 1000 and not log.skipped
+
+
+def test_json_evidence_is_strict_json_before_the_test_may_decide(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: 120 requests: fewer outcomes per arm than the test needs, interval unbounded
+    folder = write_log(tmp_path / "log", 120, seed=13)
+    # Execute
+    code, out, err = vatra_in_process(capsys, "model", "ab-report", "m", "--log-dir", str(folder), "--json")
+    # Assert: null where a number is not finite (the registry's history and jq read it)
+    assert code == 0, err
+    ev = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert ev["action"] == "continue" and ev["at_decision"]["lo"] is None and ev["at_decision"]["hi"] is None

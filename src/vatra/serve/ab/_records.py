@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -115,19 +116,33 @@ class ABResult:
     notes: list[str] = field(default_factory=list)
 
     def evidence_dict(self) -> dict[str, object]:
-        """The decision's evidence as JSON-ready values (the registry's alias history keeps it)."""
-        return {
-            "rule": self.decision.rule,
-            "reason": self.decision.reason,
-            "metric": self.config.metric,
-            "alpha": self.config.alpha,
-            "mde": self.config.mde,
-            "champion": {"variant": self.champion, "version": self.latest.get(self.champion)},
-            "challenger": {"variant": self.challenger, "version": self.latest.get(self.challenger)},
-            "at_decision": asdict(self.decision.evidence) if self.decision.evidence else None,
-            "now": asdict(self.primary) if self.primary else None,
-            "guardrails": {g.name: asdict(g.tripped) if g.tripped else None for g in self.guardrails},
-            "traffic": dict(self.traffic),
-            "notes": list(self.notes),
-            "skipped_lines": dict(self.skipped),
-        }
+        """The decision's evidence as strict-JSON values (the registry's alias history keeps it):
+        an interval not yet bounded or a mean of no outcome is null, not Infinity or NaN."""
+        return _finite(
+            {
+                "rule": self.decision.rule,
+                "reason": self.decision.reason,
+                "metric": self.config.metric,
+                "alpha": self.config.alpha,
+                "mde": self.config.mde,
+                "champion": {"variant": self.champion, "version": self.latest.get(self.champion)},
+                "challenger": {"variant": self.challenger, "version": self.latest.get(self.challenger)},
+                "at_decision": asdict(self.decision.evidence) if self.decision.evidence else None,
+                "now": asdict(self.primary) if self.primary else None,
+                "guardrails": {g.name: asdict(g.tripped) if g.tripped else None for g in self.guardrails},
+                "traffic": dict(self.traffic),
+                "notes": list(self.notes),
+                "skipped_lines": dict(self.skipped),
+            }
+        )
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, through dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
