@@ -134,6 +134,25 @@ def test_a_guardrail_trip_overrides_an_earlier_win(tmp_path: Path) -> None:
     assert any("'win' fired too" in n for n in result.notes)
 
 
+def test_lower_is_better_turns_a_drop_into_a_win(tmp_path: Path) -> None:
+    # Prepare: a continuous metric (minutes to resolve a ticket) that the challenger lowers by 20 %
+    folder = write_log(tmp_path / "log", 3000, seed=14, outcomes=False)
+    rng = np.random.default_rng(14)
+    rows = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    with (folder / "outcomes.jsonl").open("w") as f:
+        for row in rows:
+            minutes = rng.lognormal(np.log(30.0 if row["variant"] == "champion" else 24.0), 0.5)
+            f.write(json.dumps({"id": row["id"], "t": row["t"] + 0.5, "value": minutes}) + "\n")
+    log = read_log(folder)
+    # Execute
+    lower = analyse(log, ABConfig(metric="continuous", higher_is_better=False, horizon=3000))
+    higher = analyse(log, ABConfig(metric="continuous", horizon=3000, latency_ms=1e9, error_margin=0.5))
+    # Assert: the same interval below 0 is a win one way and a loss the other
+    assert (lower.decision.action, lower.decision.rule) == ("promote", "win")
+    assert (higher.decision.action, higher.decision.rule) == ("rollback", "lose")
+    assert lower.decision.evidence is not None and lower.decision.evidence.hi < 0
+
+
 def test_hostile_and_malformed_lines_are_counted_not_trusted(tmp_path: Path) -> None:
     # Prepare: a good log, then lines a client or a broken writer could leave
     folder = write_log(tmp_path / "log", 400, seed=4)
