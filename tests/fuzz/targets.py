@@ -12,6 +12,7 @@ MODULES = {  # target name → the module defining it (as NAME.upper())
     "config": "tests.fuzz.file_targets",
     "manifest": "tests.fuzz.file_targets",
     "table": "tests.fuzz.file_targets",
+    "ablog": "tests.fuzz.ab_targets",
 }
 
 
