@@ -231,3 +231,20 @@ def test_an_npz_run_standardises_new_samples_as_training_did(tmp_path: Path) -> 
     accuracy = float((out["prediction"].to_numpy() == y[300:]).mean())
     assert accuracy == pytest.approx(result.summary["val_accuracy"], abs=1e-9)
     assert accuracy > 0.8
+
+
+def test_predict_reads_a_delta_table_folder(tabular: Any, tmp_path: Path, capsys: Any) -> None:
+    from deltalake import write_deltalake
+
+    run, _, _ = tabular
+    rows = _table(300, seed=4)
+    write_deltalake(str(tmp_path / "lake"), rows.slice(0, 200))
+    write_deltalake(str(tmp_path / "lake"), rows.slice(200), mode="append")  # two files, two versions
+    args = ["--data", str(tmp_path / "lake"), "--out", str(tmp_path / "p.parquet"), "--keep", "id"]
+    code, out, err = vatra_in_process(capsys, "predict", str(run), *args, "--batch-rows", "128")
+    assert "300 rows scored" in out
+    assert code == 0, err
+    got = pq.read_table(tmp_path / "p.parquet")
+    assert got.column("id").to_pylist() == rows.column("id").to_pylist()  # files in the order added
+    want = vatra.load(run).predict(rows)
+    np.testing.assert_allclose(got.column("proba_yes").to_numpy(), want["proba_yes"].to_numpy(), rtol=1e-6)
