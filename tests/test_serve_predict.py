@@ -248,3 +248,44 @@ def test_predict_reads_a_delta_table_folder(tabular: Any, tmp_path: Path, capsys
     assert got.column("id").to_pylist() == rows.column("id").to_pylist()  # files in the order added
     want = vatra.load(run).predict(rows)
     np.testing.assert_allclose(got.column("proba_yes").to_numpy(), want["proba_yes"].to_numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["multilabel", "ranking"])
+def test_multilabel_and_ranking_outputs(tmp_path: Path, task: str) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(240, 3))
+    cols = {"u": x[:, 0], "v": x[:, 1], "w": x[:, 2]}
+    if task == "multilabel":
+        cols |= {"p": (x[:, 0] > 0).astype(np.int64), "q": (x[:, 1] > 0).astype(np.int64)}
+        data = {"target": ["p", "q"]}
+    else:
+        cols |= {"rel": np.clip(np.round(x[:, 0] + 1), 0, 3), "query": np.arange(240) // 8}
+        data = {"target": "rel", "group": "query"}
+    pq.write_table(pa.table(cols), tmp_path / "t.parquet")
+    result = vatra.fit(
+        {
+            "run": {"progress": "off", "tensorboard": False, "out_dir": str(tmp_path / "runs")},
+            "data": {
+                "name": "table",
+                "path": str(tmp_path / "t.parquet"),
+                "features": ["u", "v", "w"],
+                **data,
+            },
+            "model": {"name": "mlp", "hidden": [8]},
+            "train": {"steps": 3, "batch_size": 8, "eval_every": 0},
+            "monitor": {"report": False},
+        }
+    )
+    predictor = vatra.load(result.run_dir)
+    rows = pa.table(cols).slice(0, 8)
+    out = predictor.predict(rows)
+    assert predictor.model is not None
+    with torch.no_grad():
+        raw = predictor.model(torch.from_numpy(predictor.inputs(rows)["x"])).numpy()  # (8, K)
+    if task == "multilabel":
+        assert list(out.columns) == ["prediction_p", "prediction_q", "proba_p", "proba_q"]
+        np.testing.assert_allclose(out["proba_q"], 1 / (1 + np.exp(-raw[:, 1])), rtol=1e-5)
+        assert out["prediction_p"].tolist() == (raw[:, 0] > 0).astype(int).tolist()
+    else:
+        assert list(out.columns) == ["prediction"]  # one score per row: sort a list's rows by it
+        np.testing.assert_allclose(out["prediction"], raw[:, 0], rtol=1e-6)
