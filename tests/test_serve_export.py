@@ -130,7 +130,7 @@ def _fsdp_rank(rank: int, world: int, rdzv: str, run: str) -> None:
         del ctx
 
 
-@pytest.mark.slow(30)
+@pytest.mark.slow(20)
 def test_an_fsdp_checkpoint_loads_into_one_process(tmp_path: Path) -> None:
     run = tmp_path / "run"
     spawn(_fsdp_rank, 2, (2, rendezvous(tmp_path), str(run)))
