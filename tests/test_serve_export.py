@@ -89,15 +89,16 @@ def test_export_cli_reports_the_onnx_difference_and_refuses_a_full_folder(
     )
 
 
-def test_an_embedding_model_exports_to_onnx(tmp_path: Path) -> None:
+def test_a_model_with_category_embeddings_exports_to_every_format(tmp_path: Path) -> None:
     table = _table()
     pq.write_table(table, tmp_path / "rows.parquet")
     cfg = _config(tmp_path / "rows.parquet", tmp_path / "runs", categorical_encoding="embedding")
     cfg["train"]["steps"] = 5
     run = vatra.fit(cfg).run_dir
     want = vatra.load(run).predict(_val(table))
-    got = vatra.load(export_run(run, tmp_path / "m", "onnx")).predict(_val(table))
-    np.testing.assert_allclose(got["proba_yes"], want["proba_yes"], rtol=0, atol=1e-4)
+    for fmt, tol in (("safetensors", 0.0), ("torchscript", 1e-6), ("onnx", 1e-4)):  # inputs x and ids
+        got = vatra.load(export_run(run, tmp_path / fmt, fmt)).predict(_val(table))
+        np.testing.assert_allclose(got["proba_yes"], want["proba_yes"], rtol=0, atol=tol, err_msg=fmt)
 
 
 # --- a model trained with FSDP over 2 ranks, loaded into one process -------------------------------
