@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -63,6 +64,31 @@ def test_a_tampered_model_folder_is_refused(trained: Any, tmp_path: Path) -> Non
     pre = folder / "preprocess.json"
     pre.write_text(pre.read_text().replace('"standardize": true', '"standardize": false'))
     with pytest.raises(ConfigError, match="does not match its SHA-256"):
+        vatra.load(folder)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torchscript", "onnx"])
+def test_hostile_model_folders_are_refused_in_one_line(trained: Any, tmp_path: Path, fmt: str) -> None:
+    run, _ = trained
+    folder = export_run(run, tmp_path / "model", fmt)
+    good = json.loads((folder / MANIFEST).read_text())
+
+    def refused(manifest: Any, words: str) -> None:
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(ConfigError, match=words) as err:
+            vatra.load(folder)
+        assert "\n" not in str(err.value)
+
+    weights = good["weights"]["file"]
+    outside = {**good, "files": {**good["files"], "../model.bin": good["files"][weights]}}
+    refused(outside, "names a file outside its folder")
+    refused({**good, "weights": {"format": fmt, "file": "../../x"}}, "names unknown weights")
+    refused({k: v for k, v in good.items() if k != "signature"}, "lacks its files")
+    (folder / weights).write_bytes(b"not a model at all")  # the attacker rewrites the checksum too
+    refused({**good, "files": {**good["files"], weights: hashlib.sha256(b"not a model at all").hexdigest()}},
+            "cannot read the model weights")  # fmt: skip
+    (folder / MANIFEST).write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read"):
         vatra.load(folder)
 
 
