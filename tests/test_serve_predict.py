@@ -327,3 +327,16 @@ def test_multilabel_and_ranking_outputs(tmp_path: Path, task: str) -> None:
     else:
         assert list(out.columns) == ["prediction"]  # one score per row: sort a list's rows by it
         np.testing.assert_allclose(out["prediction"], raw[:, 0], rtol=1e-6)
+
+
+def test_a_bad_cell_deep_in_a_large_csv_is_one_line(tabular: Any, tmp_path: Path, capsys: Any) -> None:
+    run, _, _ = tabular
+    rows = _table(120_000, seed=6).select(["id", "a", "b", "c"])
+    pcsv.write_csv(rows, tmp_path / "big.csv")
+    with (tmp_path / "big.csv").open("a") as f:
+        f.write("120000,oops,1.0,x\n")  # far past the first block the reader parses when it opens
+    args = ["--data", str(tmp_path / "big.csv"), "--out", str(tmp_path / "p.parquet")]
+    code, _, err = vatra_in_process(capsys, "predict", str(run), *args, "--batch-rows", "1000")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "CSV conversion error to double: invalid value 'oops'" in err
+    assert not (tmp_path / "p.parquet").exists()
