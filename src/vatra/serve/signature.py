@@ -19,6 +19,7 @@ from vatra.data import DatasetSpec
 from vatra.data.datasets import DIGITS_PIXEL_SCALE
 from vatra.data.npz import standardized
 from vatra.data.tabular.files import arrow
+from vatra.data.tabular.preprocess import missing_masks
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -170,8 +171,9 @@ def check_rows(table: pa.Table, sig: Signature, unseen: str = "error") -> None:
                     or pa.types.is_decimal(t) or pa.types.is_null(t)):  # fmt: skip
                 raise InputError(f"predict: column {name!r} is {t}, not numeric")
             if not sig.get("missing_filled"):
-                bad = int(pc.sum(pc.is_null(col, nan_is_null=True)).as_py() or 0)
-                if bad:
+                mask = missing_masks(table, [name]).get(name)  # training's own check: one cheap pass
+                if mask is not None:
+                    bad = int(mask.sum())
                     raise InputError(
                         f"predict: column {name!r} has {bad} missing value(s); the model was trained "
                         "without filling them (data.nan = 'mean' fills with the training mean)"
