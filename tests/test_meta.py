@@ -54,18 +54,22 @@ def test_class_episodes_never_draw_a_held_out_class() -> None:
     seen = {s: set() for s in ("train", "val", "test")}
     for split in seen:
         for i in range(200):
-            sx, sy, qx, qy = tasks.episode(split, i)
+            sx, sy, qx, _ = tasks.episode(split, i)
             rows = torch.cat([sx, qx]).squeeze(1).long().numpy()
             seen[split] |= set(y[rows].tolist())
             # Assert: ways × shots support, ways × queries query, labels 0..ways-1, no row in both
             assert sx.shape == (6, 1) and qx.shape == (9, 1)
-            assert sorted(set(sy.tolist())) == [0, 1, 2] and not set(sx.squeeze(1).tolist()) & set(qx.squeeze(1).tolist())
+            assert sorted(set(sy.tolist())) == [0, 1, 2] and not set(sx.squeeze(1).tolist()) & set(
+                qx.squeeze(1).tolist()
+            )
     assert seen["train"].isdisjoint(seen["test"]) and seen["train"].isdisjoint(seen["val"])
     assert seen["val"].isdisjoint(seen["test"])
     assert seen["test"] == set(tasks.classes["test"].tolist()) and len(seen["train"]) == 6
     # the same (split, index) is the same episode, whoever draws it
     again = ClassTasks(x, y, ways=3, shots=2, queries=3, val=3, test=3, seed=7)
-    assert all(torch.equal(a, b) for a, b in zip(tasks.episode("train", 5), again.episode("train", 5), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(tasks.episode("train", 5), again.episode("train", 5), strict=True)
+    )
 
 
 def test_column_tasks_hold_out_whole_sites() -> None:
@@ -77,7 +81,7 @@ def test_column_tasks_hold_out_whole_sites() -> None:
     held = set(tasks.tasks["test"].tolist())
     rows_by_input = {tuple(r.tolist()): i for i, r in enumerate(x)}
     for i in range(50):
-        sx, sy, qx, qy = tasks.episode("train", i)
+        sx, sy, qx, _ = tasks.episode("train", i)
         drawn = {sites[rows_by_input[tuple(r.tolist())]] for r in torch.cat([sx, qx])}
         assert len(drawn) == 1 and not drawn & held  # one site per episode, never a held-out one
         assert sy.tolist() == [0, 0, 0, 1, 1, 1]
@@ -90,7 +94,7 @@ def test_too_few_classes_for_the_splits_is_one_line() -> None:
     x = torch.zeros(len(y), 1)
     with pytest.raises(ConfigError, match="6 classes cannot give 5 to meta-test"):
         ClassTasks(x, y, ways=3, shots=1, queries=1, val=1, test=5, seed=0)
-    with pytest.raises(ConfigError, match="meta-train split has 2 classes, fewer than meta.ways = 3"):
+    with pytest.raises(ConfigError, match=r"meta-train split has 2 classes, fewer than meta\.ways = 3"):
         ClassTasks(x, y, ways=3, shots=1, queries=1, val=1, test=3, seed=0)
 
 
@@ -99,9 +103,15 @@ def test_too_few_classes_for_the_splits_is_one_line() -> None:
     ("override", "message"),
     [
         ("meta.algorithm=reptil", "meta.algorithm: Input should be 'maml', 'fomaml', 'anil' or 'reptile'"),
-        ("meta.learn_inner_lr=true", "meta.learn_inner_lr: Meta-SGD learns the inner LR through the second-order"),
+        (
+            "meta.learn_inner_lr=true",
+            "meta.learn_inner_lr: Meta-SGD learns the inner LR through the second-order",
+        ),
         ("meta.tasks=column", "meta.tasks = 'column' needs meta.task_column"),
-        ("train.grad_accum=2", "meta.tasks_per_step sets a meta-step's batch of episodes; set train.grad_accum = 1"),
+        (
+            "train.grad_accum=2",
+            "meta.tasks_per_step sets a meta-step's batch of episodes; set train.grad_accum = 1",
+        ),
     ],
 )
 def test_a_bad_meta_config_is_one_line_and_exit_2(
@@ -136,7 +146,7 @@ def test_meta_sgd_learns_its_inner_lrs_and_restores_them() -> None:
     # Execute
     summary = trainer.fit()
     # Assert: the LRs moved, the evaluation ran on held-out classes, and a checkpoint's state restores
-    assert any(abs(float(a) - 0.3) > 1e-4 for a in learner.lrs.values())
+    assert any(abs(float(a.detach()) - 0.3) > 1e-4 for a in learner.lrs.values())
     assert 0.0 <= summary["test_accuracy"] <= 1.0 and "val_accuracy" in summary
     saved = learner.state_dict()
     with torch.no_grad():

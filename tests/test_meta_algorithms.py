@@ -32,7 +32,9 @@ def _task() -> tuple[torch.Tensor, ...]:
     return sx, sy, qx, qy
 
 
-def _grad_and_hessian(w: float, b: float, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _grad_and_hessian(
+    w: float, b: float, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """∇L and ∇²L of L(w, b) = mean((w x + b − y)²) over (w, b), from the closed forms."""
     x = x.squeeze(-1)
     r = w * x + b - y
@@ -121,7 +123,12 @@ def test_vmap_over_tasks_equals_the_loop_and_evaluation_adapts() -> None:
     loop = InnerLoop("maml", steps=2, adapted=tuple(params), ways=3)
     task_loss = TaskLoss(model, nn.functional.cross_entropy, ways=3)
     episodes = [
-        (torch.randn(6, 4, dtype=torch.float64), torch.arange(6) % 3, torch.randn(9, 4, dtype=torch.float64), torch.arange(9) % 3)
+        (
+            torch.randn(6, 4, dtype=torch.float64),
+            torch.arange(6) % 3,
+            torch.randn(9, 4, dtype=torch.float64),
+            torch.arange(9) % 3,
+        )
         for _ in range(3)
     ]
     batched, vectorised = task_batch(task_loss, loop, params, lrs, episodes)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -32,9 +31,7 @@ class _ConfigOrCommand(TyperGroup):
     """``vatra meta CONFIG ...`` runs the config (the ``run`` command); ``vatra meta adapt ...``
     is the sub-command of that name."""
 
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:  # typer's own copy of click's types
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args = ["run", *args]
         return super().resolve_command(ctx, args)
@@ -52,7 +49,9 @@ app.add_typer(meta_app, name="meta")
 
 @meta_app.command("run", hidden=True)
 def meta_run(
-    config: Path = typer.Argument(..., help="TOML config with a meta section, e.g. examples/meta_digits.toml."),
+    config: Path = typer.Argument(
+        ..., help="TOML config with a meta section, e.g. examples/meta_digits.toml."
+    ),
     nproc: Nproc = None,
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     run_dir: RunDirOpt = None,
@@ -75,11 +74,17 @@ def meta_run(
 @meta_app.command("adapt")
 def meta_adapt(
     run: Path = typer.Argument(..., help="The run folder of a finished vatra meta run."),
-    data: str = typer.Option(..., "--data", help="The new task's labelled rows: a .csv/.parquet file or .npz."),
-    shots: str = typer.Option("1,5,10", "--shots", help="Labelled examples per class to adapt on, e.g. 1,5,10."),
+    data: str = typer.Option(
+        ..., "--data", help="The new task's labelled rows: a .csv/.parquet file or .npz."
+    ),
+    shots: str = typer.Option(
+        "1,5,10", "--shots", help="Labelled examples per class to adapt on, e.g. 1,5,10."
+    ),
     repeats: int = typer.Option(5, "--repeats", min=1, help="Support sets drawn per K (the spread)."),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Inner steps (default: as meta-trained)."),
-    lr: float | None = typer.Option(None, "--lr", help="Inner LR (default: as meta-trained, Meta-SGD's learned)."),
+    lr: float | None = typer.Option(
+        None, "--lr", help="Inner LR (default: as meta-trained, Meta-SGD's learned)."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override a data option of the run: data.key=value."),
     out: Path | None = typer.Option(None, "--out", help="Also write the curve as JSON here."),
 ) -> None:
@@ -91,7 +96,7 @@ def meta_adapt(
         raise ConfigError(f"{run}: no config.toml; pass the run folder of a 'vatra meta' run")
     from vatra.federated.data import load_source  # torch, the data stack: once the arguments are good
     from vatra.losses import build_loss
-    from vatra.meta.adapt import accuracy_curve, load_init
+    from vatra.meta.adapt import accuracy_curve, load_init, model_spec
     from vatra.meta.tasks import rows_of
     from vatra.models import build_model
 
@@ -100,9 +105,18 @@ def meta_adapt(
     parts = [rows_of(d) for d in (train, val) if d is not None]
     x = _cat([p[0] for p in parts])
     y = _concat([p[1] for p in parts])
-    model = build_model(cfg.model, spec, {})
+    model = build_model(cfg.model, model_spec(init, spec), {})
     points = accuracy_curve(
-        model, build_loss(cfg.train, spec), init, x, y, ks, repeats=repeats, steps=steps, lr=lr, seed=cfg.run.seed
+        model,
+        build_loss(cfg.train, spec),
+        init,
+        x,
+        y,
+        ks,
+        repeats=repeats,
+        steps=steps,
+        lr=lr,
+        seed=cfg.run.seed,
     )
     print(f"vatra: {len(y)} rows of {data}; accuracy on the rows not drawn, over {repeats} draws per K")
     print(f"  K = 0 (the initialisation, not adapted): {points[0].before:.3f}")

@@ -57,7 +57,9 @@ class MetaConfig(Section):
         description="sampler: 'pkg.module:fn', fn(split, rng) -> (support_x, support_y, query_x, query_y).",
     )
     eval_tasks: int = Field(
-        40, ge=1, description="Episodes per evaluation (meta-val every train.eval_every, meta-test at the end)."
+        40,
+        ge=1,
+        description="Episodes per evaluation (meta-val every train.eval_every, meta-test at the end).",
     )
 
     def is_default(self) -> bool:
@@ -71,7 +73,9 @@ class MetaConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> MetaConfig:
         if self.tasks == "column" and not self.task_column:
-            raise ValueError("meta.tasks = 'column' needs meta.task_column = the table column naming each task")
+            raise ValueError(
+                "meta.tasks = 'column' needs meta.task_column = the table column naming each task"
+            )
         if self.tasks == "sampler" and not is_import_string(self.sampler):
             raise ValueError(
                 f"meta.tasks = 'sampler' needs meta.sampler = 'pkg.module:fn' (got {self.sampler!r})"

@@ -10,7 +10,7 @@ otherwise) and scores the rows not drawn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from vatra.data import DatasetSpec
 from vatra.errors import ConfigError
 from vatra.meta.algorithms import InnerLoop, TaskLoss, adapt
 
 INIT_FILE = Path("meta") / "init.pt"
 
 
-def save_init(path: Path, model: nn.Module, loop: InnerLoop, lrs: dict[str, torch.Tensor]) -> None:
-    """Write the initialisation an adaptation starts from (weights, inner LRs, adapted names)."""
+def save_init(
+    path: Path, model: nn.Module, loop: InnerLoop, lrs: dict[str, torch.Tensor], spec: DatasetSpec
+) -> None:
+    """Write the initialisation an adaptation starts from (weights, inner LRs, adapted names, and
+    the data's shape the model was built for)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
         "weights": {n: t.detach().cpu() for n, t in model.state_dict().items()},
@@ -33,6 +37,8 @@ def save_init(path: Path, model: nn.Module, loop: InnerLoop, lrs: dict[str, torc
         "algorithm": loop.algorithm,
         "inner_steps": loop.steps,
         "ways": loop.ways,
+        "input_shape": list(spec.input_shape),
+        "outputs": spec.num_classes,
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -48,11 +54,24 @@ def load_init(run_dir: Path) -> dict[str, Any]:
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001  (a damaged or foreign file: one line, not a traceback)
-        raise ConfigError(f"{path}: not a meta-learned initialisation ({type(err).__name__}: {err})") from None
-    if not isinstance(state, dict) or not {"weights", "lrs", "inner_steps", "ways"} <= set(state):
+    except Exception as err:
+        raise ConfigError(
+            f"{path}: not a meta-learned initialisation ({type(err).__name__}: {err})"
+        ) from None
+    if not isinstance(state, dict) or not {"weights", "lrs", "inner_steps", "ways", "outputs"} <= set(state):
         raise ConfigError(f"{path}: not a meta-learned initialisation (keys missing); re-run 'vatra meta'")
     return state
+
+
+def model_spec(init: dict[str, Any], spec: DatasetSpec) -> DatasetSpec:
+    """The new data's spec with the meta-trained model's width: the model is built as it was
+    meta-trained (its first ``ways`` outputs are a task's classes), whatever the new task's count."""
+    if list(spec.input_shape) != list(init["input_shape"]):
+        raise ConfigError(
+            f"the new data's rows have shape {list(spec.input_shape)}, but the model was meta-trained on "
+            f"{list(init['input_shape'])}; give the same feature columns (data.features) as meta-training"
+        )
+    return replace(spec, num_classes=int(init["outputs"]))
 
 
 @dataclass
@@ -93,7 +112,8 @@ def accuracy_curve(
     too_many = [k for k in shots if k >= fewest]
     if too_many:
         raise ConfigError(
-            f"--shots {too_many[0]}: the new data has only {fewest} rows of its smallest class, and some must "
+            f"--shots {too_many[0]}: the new data has only {fewest} rows of its smallest class, and some "
+            "must "
             f"remain to score; give --shots below {fewest}"
         )
     model.load_state_dict(init["weights"])

@@ -16,7 +16,7 @@ batch of tasks of equal shapes is one :func:`torch.func.vmap` call (see :func:`t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,7 +55,9 @@ class TaskLoss:
     def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return self.loss(self.output(params, x), y)
 
-    def with_accuracy(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def with_accuracy(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.output(params, x)
         loss = self.loss(out, y)
         if not self.ways:
@@ -125,7 +127,7 @@ def task_batch(
     loop: InnerLoop,
     params: Params,
     lrs: Params,
-    episodes: list[tuple[torch.Tensor, ...]],
+    episodes: Sequence[tuple[torch.Tensor, ...]],
     *,
     vectorise: bool = True,
 ) -> tuple[TaskBatch, bool]:
@@ -158,7 +160,11 @@ def task_batch(
 
 
 def evaluate_tasks(
-    task_loss: TaskLoss, loop: InnerLoop, params: Params, lrs: Params, episodes: list[tuple[torch.Tensor, ...]]
+    task_loss: TaskLoss,
+    loop: InnerLoop,
+    params: Params,
+    lrs: Params,
+    episodes: Sequence[tuple[torch.Tensor, ...]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Query loss and accuracy of each episode after adapting to its support set, shape ``(T,)``
     each (no outer gradient: evaluation of an initialisation, as at meta-test time)."""

@@ -41,7 +41,9 @@ def head_names(model: nn.Module, prefix: str) -> tuple[str, ...]:
         prefix = owners[-1]
     chosen = tuple(n for n in names if n == prefix or n.startswith(prefix + "."))
     if not chosen:
-        raise ConfigError(f"meta.head = {prefix!r} names no parameter of the model; parameters: {', '.join(names[:6])}")
+        raise ConfigError(
+            f"meta.head = {prefix!r} names no parameter of the model; parameters: {', '.join(names[:6])}"
+        )
     return chosen
 
 
@@ -88,7 +90,9 @@ class MetaLearner(Plugin):
     def micro_steps(self, trainer: Trainer) -> MetaSteps:
         meta = self.cfg.meta
         if trainer.trainable is not trainer.model:
-            raise ConfigError("meta: the loss has parameters of its own (multitask); meta-learning needs a plain loss")
+            raise ConfigError(
+                "meta: the loss has parameters of its own (multitask); meta-learning needs a plain loss"
+            )
         world = trainer.dist.world_size
         if meta.tasks_per_step % world:
             raise ConfigError(
@@ -100,11 +104,17 @@ class MetaLearner(Plugin):
         classify = trainer.task not in ("regression",)
         ways = 0 if not classify else (trainer.spec.num_classes if meta.tasks == "column" else meta.ways)
         model = trainer.model
-        adapted = head_names(model, meta.head) if meta.algorithm == "anil" else tuple(n for n, _ in model.named_parameters())
+        adapted = (
+            head_names(model, meta.head)
+            if meta.algorithm == "anil"
+            else tuple(n for n, _ in model.named_parameters())
+        )
         self.loop = InnerLoop(meta.algorithm, meta.inner_steps, adapted, ways)
         self.task_loss = TaskLoss(model, trainer.loss, ways)
         device = trainer.dist.device
-        self.lrs = {n: torch.tensor(meta.inner_lr, device=device, requires_grad=meta.learn_inner_lr) for n in adapted}
+        self.lrs = {
+            n: torch.tensor(meta.inner_lr, device=device, requires_grad=meta.learn_inner_lr) for n in adapted
+        }
         if meta.learn_inner_lr:
             self.lr_optimizer = torch.optim.Adam(list(self.lrs.values()), lr=self.cfg.optim.lr)
             trainer.state.rank_states["meta"] = self  # the inner LRs and their optimizer, in checkpoints
@@ -118,7 +128,8 @@ class MetaLearner(Plugin):
             out = trainer.model(sx)
         if out.shape[-1] < ways:
             raise ConfigError(
-                f"meta: the model has {out.shape[-1]} outputs but episodes have {ways} classes; give the model "
+                f"meta: the model has {out.shape[-1]} outputs but episodes have {ways} classes; give the "
+                "model "
                 f"at least {ways} outputs (the first {ways} are the episode's classes)"
             )
 
@@ -131,12 +142,18 @@ class MetaLearner(Plugin):
 
     def evaluate(self, trainer: Trainer, split: str) -> dict[str, float]:
         """Mean query loss and accuracy of ``meta.eval_tasks`` episodes of ``split`` after adapting."""
-        params = dict(trainer.model.named_parameters())
+        params = {n: p.detach() for n, p in trainer.model.named_parameters()}
         mine = self.episodes(trainer, split, range(self.cfg.meta.eval_tasks))
         totals = torch.zeros(3, dtype=torch.float64, device=trainer.dist.device)
         if mine:
             loss, acc = evaluate_tasks(self.task_loss, self.loop, params, self.lrs, mine)
-            totals += torch.stack([loss.sum().double(), acc.sum().double(), torch.tensor(len(mine), device=totals.device, dtype=torch.float64)])
+            totals += torch.stack(
+                [
+                    loss.sum().double(),
+                    acc.sum().double(),
+                    torch.tensor(len(mine), device=totals.device, dtype=torch.float64),
+                ]
+            )
         trainer.dist.all_reduce_sum(totals)
         n = float(totals[2])
         out = {f"{split}_loss": float(totals[0]) / n}
@@ -168,10 +185,12 @@ class MetaLearner(Plugin):
             "shots": meta.shots,
             "inner_steps": meta.inner_steps,
             "vmap": self.vmapped,
-            "inner_lr": {n: float(a.detach()) for n, a in self.lrs.items()} if meta.learn_inner_lr else meta.inner_lr,
+            "inner_lr": {n: float(a.detach()) for n, a in self.lrs.items()}
+            if meta.learn_inner_lr
+            else meta.inner_lr,
         }
         if self.run_dir is not None and trainer.dist.is_main:  # what 'vatra meta adapt' starts from
-            save_init(self.run_dir.path / INIT_FILE, trainer.model, self.loop, self.lrs)
+            save_init(self.run_dir.path / INIT_FILE, trainer.model, self.loop, self.lrs, trainer.spec)
 
     # Meta-SGD's per-rank state (identical on every rank: the LR gradients are gathered like the rest)
     def state_dict(self) -> dict[str, dict[str, Any]]:
@@ -217,7 +236,9 @@ class MetaSteps:
         # detached: torch.func takes the gradients; autograd need not record the meta-step itself
         params = {n: p.detach() for n, p in trainer.model.named_parameters()}
         lrs = {n: a.detach() for n, a in learner.lrs.items()}
-        batch, learner.vmapped = task_batch(learner.task_loss, learner.loop, params, lrs, mine, vectorise=cfg.vmap)
+        batch, learner.vmapped = task_batch(
+            learner.task_loss, learner.loop, params, lrs, mine, vectorise=cfg.vmap
+        )
         # (T_r, P) per rank → (T, P) in episode order on every rank
         local = torch.cat(
             [batch.grads[n].reshape(len(mine), -1) for n in params]
@@ -228,7 +249,7 @@ class MetaSteps:
         every = gather_in_order(local, trainer.dist.world_size, trainer.dist.distributed)
         mean = every.sum(0) / total
         offset = 0
-        for n, p in trainer.model.named_parameters():
+        for p in trainer.model.parameters():
             p.grad = mean[offset : offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         for a in learner.lrs.values():

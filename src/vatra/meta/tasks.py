@@ -64,7 +64,11 @@ def _split_names(names: np.ndarray, val: int, test: int, seed: int, what: str) -
             f"for meta-training; lower meta.test_{what} or meta.val_{what}"
         )
     perm = np.random.default_rng(seed).permutation(names)
-    return {"test": np.sort(perm[:test]), "val": np.sort(perm[test : test + val]), "train": np.sort(perm[test + val :])}
+    return {
+        "test": np.sort(perm[:test]),
+        "val": np.sort(perm[test : test + val]),
+        "train": np.sort(perm[test + val :]),
+    }
 
 
 class ClassTasks:
@@ -72,7 +76,16 @@ class ClassTasks:
     rows each, relabelled 0..ways−1 in the order drawn (the model's first ``ways`` outputs)."""
 
     def __init__(
-        self, x: torch.Tensor, y: np.ndarray, *, ways: int, shots: int, queries: int, val: int, test: int, seed: int
+        self,
+        x: torch.Tensor,
+        y: np.ndarray,
+        *,
+        ways: int,
+        shots: int,
+        queries: int,
+        val: int,
+        test: int,
+        seed: int,
     ) -> None:
         self.x, self.seed = x, seed
         self.ways, self.shots, self.queries = ways, shots, queries
@@ -136,8 +149,8 @@ class ColumnTasks:
         for (g, c), rows in self.rows.items():
             if len(rows) < shots + queries:
                 raise ConfigError(
-                    f"meta: task {str(g)!r} has {len(rows)} rows of class {c}, fewer than meta.shots + meta.queries "
-                    f"= {shots + queries}; lower them, or leave that task out of the data"
+                    f"meta: task {str(g)!r} has {len(rows)} rows of class {c}, fewer than meta.shots + "
+                    f"meta.queries = {shots + queries}; lower them, or leave that task out of the data"
                 )
 
     def splits(self) -> tuple[str, ...]:
@@ -146,7 +159,10 @@ class ColumnTasks:
     def episode(self, split: str, index: int) -> Episode:
         rng = episode_rng(self.seed, split, index)
         site = str(rng.choice(self.tasks[split]))
-        picks = [rng.choice(self.rows[(site, c)], self.shots + self.queries, replace=False) for c in range(self.classes_n)]
+        picks = [
+            rng.choice(self.rows[(site, c)], self.shots + self.queries, replace=False)
+            for c in range(self.classes_n)
+        ]
         support = np.concatenate([p[: self.shots] for p in picks])
         query = np.concatenate([p[self.shots :] for p in picks])
         labels = torch.arange(self.classes_n)
