@@ -186,3 +186,27 @@ def test_adaptation_curve_from_a_saved_initialisation(tmp_path: Path) -> None:
     assert points[1].accuracy > points[1].before
     with pytest.raises(ConfigError, match="--shots 500"):
         accuracy_curve(trainer.model, trainer.loss, init, new_x, new_y, [500])
+
+
+@pytest.mark.slow(18)
+def test_a_resumed_meta_run_ends_where_an_unbroken_one_does(tmp_path: Path) -> None:
+    # Prepare: Meta-SGD, so the checkpoint must also carry the inner LRs and their optimizer
+    import vatra
+
+    def cfg(steps: int, out: str) -> Any:
+        c = meta_config(learn_inner_lr=True)
+        c.train.steps = steps
+        c.checkpoint.enabled = True
+        c.checkpoint.every_steps = 2
+        c.checkpoint.async_ = False
+        c.run.out_dir = out
+        return c
+
+    # Execute: 4 steps in one go; 2 steps, then the same folder resumed to 4
+    whole = vatra.fit(cfg(4, str(tmp_path)), run_dir=tmp_path / "whole")
+    vatra.fit(cfg(2, str(tmp_path)), run_dir=tmp_path / "broken")
+    resumed = vatra.fit(cfg(4, str(tmp_path)), run_dir=tmp_path / "broken")
+    # Assert: the episodes of steps 3 and 4 are drawn by index, the LRs restored: the same weights
+    for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert whole.summary["meta"]["inner_lr"] == resumed.summary["meta"]["inner_lr"]
