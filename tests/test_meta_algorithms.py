@@ -140,3 +140,28 @@ def test_vmap_over_tasks_equals_the_loop_and_evaluation_adapts() -> None:
     loss, acc = evaluate_tasks(task_loss, loop, params, lrs, episodes)
     torch.testing.assert_close(loss, looped.loss)
     assert acc.shape == (3,) and bool(((acc >= 0) & (acc <= 1)).all())
+
+
+def test_a_model_vmap_cannot_trace_falls_back_to_the_loop() -> None:
+    # batch norm updates its running statistics in place, which vmap refuses: the tasks then loop
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    lrs = {n: torch.tensor(0.1) for n in params}
+    loop = InnerLoop("fomaml", steps=1, adapted=tuple(params), ways=3)
+    episodes = [
+        (torch.randn(6, 4), torch.arange(6) % 3, torch.randn(9, 4), torch.arange(9) % 3) for _ in range(2)
+    ]
+    batch, vectorised = task_batch(
+        TaskLoss(model, nn.functional.cross_entropy, 3), loop, params, lrs, episodes
+    )
+    assert not vectorised
+    assert all(bool(torch.isfinite(g).all()) and g.shape[0] == 2 for g in batch.grads.values())
+
+
+def test_anil_head_is_the_last_module_with_parameters() -> None:
+    from vatra.meta.plugin import head_names
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Identity())
+    assert head_names(model, "auto") == ("2.weight", "2.bias")
+    assert head_names(model, "0") == ("0.weight", "0.bias")

@@ -49,7 +49,10 @@ class TaskLoss:
         self.buffers = dict(model.named_buffers())
 
     def output(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        out = functional_call(self.model, (params, self.buffers), (x,))
+        # buffers copied per call: batch norm's in-place running statistics then touch a copy (a
+        # transform refuses to mutate a captured tensor), and the meta-step leaves them unchanged
+        buffers = {n: b.clone() for n, b in self.buffers.items()}
+        out = functional_call(self.model, (params, buffers), (x,))
         return out[..., : self.ways] if self.ways else out
 
     def __call__(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
