@@ -210,3 +210,37 @@ def test_a_resumed_meta_run_ends_where_an_unbroken_one_does(tmp_path: Path) -> N
     for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b), name
     assert whole.summary["meta"]["inner_lr"] == resumed.summary["meta"]["inner_lr"]
+
+
+def test_one_task_per_site_from_a_table_column(tmp_path: Path) -> None:
+    # Prepare: 5 sites of 40 rows; within a site the label is the sign of x0 + the site's offset·x1
+    import pandas as pd
+
+    import vatra
+
+    rng = np.random.default_rng(0)
+    frames = []
+    for site, offset in zip("abcde", (-1.0, -0.5, 0.0, 0.5, 1.0), strict=True):
+        x = rng.normal(size=(40, 2))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "x0": x[:, 0],
+                    "x1": x[:, 1],
+                    "site": site,
+                    "y": (x[:, 0] + offset * x[:, 1] > 0).astype(int),
+                }
+            )
+        )
+    pd.concat(frames).to_csv(tmp_path / "sites.csv", index=False)
+    cfg = meta_config(tasks="column", task_column="site", test_tasks=1, val_tasks=1, shots=3, queries=4)
+    cfg.data = type(cfg.data).model_validate(
+        {"name": "table", "path": str(tmp_path / "sites.csv"), "target": "y"}
+    )
+    cfg.run.out_dir = str(tmp_path)
+    # Execute
+    result = vatra.fit(cfg, run_dir=tmp_path / "run")
+    # Assert: the site column named the tasks and was not a feature (2 inputs), binary episodes
+    assert result.model.trunk[0].in_features == 2  # type: ignore[index,union-attr]
+    assert result.summary["meta"]["ways"] == 2
+    assert 0.0 <= result.summary["test_accuracy"] <= 1.0 and "val_accuracy" in result.summary
