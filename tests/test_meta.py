@@ -188,7 +188,6 @@ def test_adaptation_curve_from_a_saved_initialisation(tmp_path: Path) -> None:
         accuracy_curve(trainer.model, trainer.loss, init, new_x, new_y, [500])
 
 
-@pytest.mark.slow(18)
 def test_a_resumed_meta_run_ends_where_an_unbroken_one_does(tmp_path: Path) -> None:
     # Prepare: Meta-SGD, so the checkpoint must also carry the inner LRs and their optimizer
     import vatra
@@ -244,3 +243,13 @@ def test_one_task_per_site_from_a_table_column(tmp_path: Path) -> None:
     assert result.model.trunk[0].in_features == 2  # type: ignore[index,union-attr]
     assert result.summary["meta"]["ways"] == 2
     assert 0.0 <= result.summary["test_accuracy"] <= 1.0 and "val_accuracy" in result.summary
+
+
+def test_a_meta_batch_that_does_not_split_over_the_ranks_is_refused_before_any_start(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = vatra_in_process(
+        capsys, "meta", "examples/meta_digits.toml", "--nproc", "3", "--run-dir", str(tmp_path / "run")
+    )
+    assert code == 2 and "meta.tasks_per_step = 8 is not a multiple of the world size 3" in err
+    assert not (tmp_path / "run").exists()  # refused before the run folder or any worker

@@ -33,7 +33,7 @@ def _meta_rank(rank: int, world: int, algorithm: str, init: str, out: str) -> No
 
 
 @pytest.mark.parametrize("algorithm", ["maml", "reptile"])
-@pytest.mark.slow(15)
+@pytest.mark.slow(6)
 def test_two_ranks_take_the_meta_steps_of_one_process(tmp_path: Path, algorithm: str) -> None:
     # Prepare / Execute: 3 meta-steps of 4 episodes on 2 ranks (2 each), and in one process
     spawn(_meta_rank, 2, (2, algorithm, rendezvous(tmp_path), str(tmp_path)))
@@ -50,7 +50,7 @@ def test_two_ranks_take_the_meta_steps_of_one_process(tmp_path: Path, algorithm:
         assert got["loss"] == summary["final_loss"]
 
 
-@pytest.mark.slow(25)
+@pytest.mark.slow(10)
 def test_the_shipped_example_meta_trains_on_two_ranks_and_adapts_to_a_new_site(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

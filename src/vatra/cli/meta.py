@@ -67,6 +67,8 @@ def meta_run(
     meta.tasks_per_step episodes shared out across the ranks; the vatra train options apply."""
     overrides = [*set_, "meta.enabled=true"]
     cfg = load_config(config, overrides, run="meta")
+    if nnodes == "1":  # the world size is known: refuse a meta-batch that does not split before any start
+        cfg.meta.check_world(nproc or cfg.dist.nproc)
     flags = (nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts)
     launch_run(cfg, config, overrides, nproc, run_dir, "vatra meta", flags)
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from vatra.config._sections import Section
+from vatra.errors import ConfigError
 from vatra.registry import is_import_string
 
 
@@ -65,6 +66,14 @@ class MetaConfig(Section):
     def is_default(self) -> bool:
         """True when the config says nothing about meta-learning (the section is not dumped)."""
         return self == MetaConfig()
+
+    def check_world(self, world: int) -> None:
+        """Every rank computes the same number of episodes: refuse a meta-batch that does not split."""
+        if self.tasks_per_step % world:
+            raise ConfigError(
+                f"meta.tasks_per_step = {self.tasks_per_step} is not a multiple of the world size {world}; "
+                f"give a multiple of {world} (each rank computes the same number of episodes)"
+            )
 
     def kept_columns(self) -> tuple[str, ...]:
         """Table columns the data source keeps aside for the tasks (not as features)."""

@@ -93,12 +93,7 @@ class MetaLearner(Plugin):
             raise ConfigError(
                 "meta: the loss has parameters of its own (multitask); meta-learning needs a plain loss"
             )
-        world = trainer.dist.world_size
-        if meta.tasks_per_step % world:
-            raise ConfigError(
-                f"meta.tasks_per_step = {meta.tasks_per_step} is not a multiple of the world size {world}; "
-                f"give a multiple of {world} (each rank computes the same number of episodes)"
-            )
+        meta.check_world(trainer.dist.world_size)
         self.sampler = build_sampler(self.cfg, trainer)
         trainer.val_data = None  # the engine's evaluation of rows does not apply: episodes are evaluated here
         classify = trainer.task not in ("regression",)
@@ -170,6 +165,8 @@ class MetaLearner(Plugin):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         metrics.update(trainer.state.extras.get("meta", {}))
+        # the step's samples_per_s counts train.batch_size per rank, as in vatra train; this counts episodes
+        metrics["tasks_per_s"] = self.cfg.meta.tasks_per_step / metrics["step_time_s"]
         every = self.cfg.train.eval_every
         if every and trainer.state.step % every == 0 and "val" in self.sampler.splits():
             metrics.update(self.evaluate(trainer, "val"))
