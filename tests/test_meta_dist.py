@@ -27,7 +27,8 @@ def _meta_rank(rank: int, world: int, algorithm: str, init: str, out: str) -> No
         trainer = Trainer.from_config(cfg, dist=ctx, plugins=[MetaLearner(cfg)])
         summary = trainer.fit()
         state = {n: p.detach() for n, p in trainer.model.named_parameters()}
-        torch.save({"params": state, "loss": summary["final_loss"]}, Path(out) / f"rank{rank}.pt")
+        saved = {"params": state, "loss": summary["final_loss"], "comm_bytes": summary["comm_bytes"]}
+        torch.save(saved, Path(out) / f"rank{rank}.pt")
     finally:
         ctx.destroy()
 
@@ -48,6 +49,10 @@ def test_two_ranks_take_the_meta_steps_of_one_process(tmp_path: Path, algorithm:
         for name, want in one.model.named_parameters():
             assert torch.equal(got["params"][name], want.detach()), name
         assert got["loss"] == summary["final_loss"]
+        # each rank sent its 2 tasks' rows (every parameter, loss, accuracy) in float32, 3 steps
+        size = sum(p.numel() for p in one.model.parameters())
+        assert got["comm_bytes"] == 3 * 2 * (size + 2) * 4
+    assert summary["comm_bytes"] == 0  # one process sends nothing
 
 
 @pytest.mark.slow(10)

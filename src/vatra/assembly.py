@@ -59,7 +59,7 @@ PLUGINS: tuple[Slot, ...] = (
     # to the servers, which only its role can make (build_plugins' ``mode``)
     Slot(
         "mode",
-        lambda c: c.dist.mode != "async",
+        lambda c: c.dist.mode != "async" and not c.meta.enabled,  # meta: its gather is the sync
         lambda c, rd: CommPlugin(c.comm) if c.dist.mode == "sync" else mode_plugin(c),
     ),
     # meta: the meta-step (episodes' meta-gradients gathered across ranks) as the micro-steps

@@ -213,6 +213,11 @@ class Config(Section):
             raise ValueError(
                 "meta: meta.tasks_per_step sets a meta-step's batch of episodes; set train.grad_accum = 1"
             )
+        if self.comm.method != "none":
+            raise ValueError(
+                f"meta: the meta-step gathers every task's meta-gradient uncompressed, so comm.method = "
+                f"{self.comm.method!r} would not apply; set comm.method = 'none'"
+            )
         return self
 
     @model_validator(mode="after")

@@ -82,6 +82,7 @@ class MetaLearner(Plugin):
         self.lrs: dict[str, torch.Tensor] = {}
         self.lr_optimizer: torch.optim.Optimizer | None = None
         self.vmapped = False
+        self.comm_bytes = 0  # summed over the run, as comm's plugin does for vatra train
 
     @staticmethod
     def wanted(cfg: Config) -> bool:
@@ -165,6 +166,7 @@ class MetaLearner(Plugin):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         metrics.update(trainer.state.extras.get("meta", {}))
+        self.comm_bytes += int(metrics.get("comm_bytes", 0))
         # the step's samples_per_s counts train.batch_size per rank, as in vatra train; this counts episodes
         metrics["tasks_per_s"] = self.cfg.meta.tasks_per_step / metrics["step_time_s"]
         every = self.cfg.train.eval_every
@@ -176,6 +178,7 @@ class MetaLearner(Plugin):
             if split in self.sampler.splits():
                 summary.update(self.evaluate(trainer, split))
         meta = self.cfg.meta
+        summary["comm_bytes"] = self.comm_bytes
         summary["meta"] = {
             "algorithm": meta.algorithm,
             "ways": self.loop.ways,
@@ -237,23 +240,28 @@ class MetaSteps:
             learner.task_loss, learner.loop, params, lrs, mine, vectorise=cfg.vmap
         )
         # (T_r, P) per rank → (T, P) in episode order on every rank
+        learned = list(learner.lrs) if learner.lr_optimizer is not None else []  # Meta-SGD's LRs
         local = torch.cat(
             [batch.grads[n].reshape(len(mine), -1) for n in params]
-            + [batch.lr_grads[n].reshape(len(mine), -1) for n in learner.lrs]
+            + [batch.lr_grads[n].reshape(len(mine), -1) for n in learned]
             + [batch.loss.reshape(-1, 1), batch.accuracy.reshape(-1, 1)],
             dim=1,
         )
-        every = gather_in_order(local, trainer.dist.world_size, trainer.dist.distributed)
+        world = trainer.dist.world_size
+        every = gather_in_order(local, world, trainer.dist.distributed)
+        sent = local.numel() * local.element_size() * (world - 1) if trainer.dist.distributed else 0
         mean = every.sum(0) / total
         offset = 0
         for p in trainer.model.parameters():
             p.grad = mean[offset : offset + p.numel()].view_as(p).clone()
             offset += p.numel()
-        for a in learner.lrs.values():
-            a.grad = mean[offset : offset + 1].view_as(a).clone()
+        for n in learned:
+            learner.lrs[n].grad = mean[offset : offset + 1].view_as(learner.lrs[n]).clone()
             offset += 1
         loss, acc = mean[offset], mean[offset + 1]
-        extras = {"meta_query_loss": float(loss)}
+        # comm_bytes: what this rank sent for the gather (its rows to each other rank), as the comm
+        # plugin reports a DDP step's
+        extras = {"meta_query_loss": float(loss), "comm_bytes": sent}
         if learner.loop.ways:
             extras["meta_query_accuracy"] = float(acc)
         trainer.state.extras["meta"] = extras
