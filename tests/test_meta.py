@@ -108,6 +108,7 @@ def test_too_few_classes_for_the_splits_is_one_line() -> None:
             "meta.learn_inner_lr: Meta-SGD learns the inner LR through the second-order",
         ),
         ("meta.tasks=column", "meta.tasks = 'column' needs meta.task_column"),
+        ("comm.method=fp16", "meta: the meta-step gathers every task's meta-gradient uncompressed"),
         (
             "train.grad_accum=2",
             "meta.tasks_per_step sets a meta-step's batch of episodes; set train.grad_accum = 1",
