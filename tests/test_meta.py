@@ -254,3 +254,21 @@ def test_a_meta_batch_that_does_not_split_over_the_ranks_is_refused_before_any_s
     )
     assert code == 2 and "meta.tasks_per_step = 8 is not a multiple of the world size 3" in err
     assert not (tmp_path / "run").exists()  # refused before the run folder or any worker
+
+
+@pytest.mark.parametrize("algorithm", ["maml", "fomaml", "anil", "reptile"])
+def test_every_algorithm_meta_trains_through_the_engine_with_vmap(algorithm: str) -> None:
+    cfg = meta_config(algorithm=algorithm)
+    learner = MetaLearner(cfg)
+    trainer = Trainer.from_config(cfg, plugins=[learner])
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    summary = trainer.fit()
+    assert summary["meta"]["algorithm"] == algorithm and summary["meta"]["vmap"] is True
+    assert all(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    expected = (
+        ("head.weight", "head.bias")
+        if algorithm == "anil"
+        else tuple(n for n, _ in trainer.model.named_parameters())
+    )
+    assert learner.loop.adapted == expected
+    assert np.isfinite(summary["test_loss"])
