@@ -97,7 +97,8 @@ class MetaLearner(Plugin):
         meta.check_world(trainer.dist.world_size)
         self.sampler = build_sampler(self.cfg, trainer)
         trainer.val_data = None  # the engine's evaluation of rows does not apply: episodes are evaluated here
-        classify = trainer.task not in ("regression",)
+        # classification: the model's first `ways` outputs are an episode's classes; else outputs as they are
+        classify = trainer.task == "classification"
         ways = 0 if not classify else (trainer.spec.num_classes if meta.tasks == "column" else meta.ways)
         model = trainer.model
         adapted = (
@@ -119,14 +120,17 @@ class MetaLearner(Plugin):
         return MetaSteps(self)
 
     def _check_outputs(self, trainer: Trainer, ways: int) -> None:
-        sx = self.sampler.episode(self.sampler.splits()[0], 0)[0][:1].to(trainer.dist.device)
+        sx = self.sampler.episode(self.sampler.splits()[0], 0)[0].to(trainer.dist.device)  # a support set
+        model = trainer.model
+        was_training = model.training
+        model.eval()  # no running statistics touched by this look
         with torch.no_grad():
-            out = trainer.model(sx)
+            out = model(sx)
+        model.train(was_training)
         if out.shape[-1] < ways:
             raise ConfigError(
-                f"meta: the model has {out.shape[-1]} outputs but episodes have {ways} classes; give the "
-                "model "
-                f"at least {ways} outputs (the first {ways} are the episode's classes)"
+                f"meta: the model has {out.shape[-1]} outputs but episodes have {ways} classes; give "
+                f"the model at least {ways} outputs (the first {ways} are the episode's classes)"
             )
 
     def episodes(self, trainer: Trainer, split: str, indices: range) -> list[Episode]:
