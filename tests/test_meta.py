@@ -136,6 +136,12 @@ def test_adapt_without_a_meta_run_is_one_line(capsys: pytest.CaptureFixture[str]
     assert code == 2 and "no meta/init.pt" in err
     code, _, err = vatra_in_process(capsys, "meta", "adapt", str(tmp_path), "--data", "x.csv", "--shots", "0")
     assert code == 2 and "--shots '0'" in err
+    # a damaged or hostile init.pt (a pickle that would run code) is refused in one line, never loaded
+    (tmp_path / "meta").mkdir()
+    for body in (b"not a checkpoint", __import__("pickle").dumps(__import__("os").system)):
+        (tmp_path / "meta" / "init.pt").write_bytes(body)
+        code, _, err = vatra_in_process(capsys, "meta", "adapt", str(tmp_path), "--data", "x.csv")
+        assert code == 2 and "not a meta-learned initialisation" in err and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------- the engine

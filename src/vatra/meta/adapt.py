@@ -10,6 +10,7 @@ otherwise) and scores the rows not drawn.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,13 @@ def load_init(run_dir: Path) -> dict[str, Any]:
             f"{run_dir}: no {INIT_FILE} (a finished 'vatra meta' run writes it); pass the run folder of one"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
+        with warnings.catch_warnings():  # torch warns about a foreign pickle before refusing it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a damaged or foreign file: one line, not a traceback
+        first = (str(err).strip().splitlines() or [""])[0]  # torch's own message runs to many lines
         raise ConfigError(
-            f"{path}: not a meta-learned initialisation ({type(err).__name__}: {err})"
+            f"{path}: not a meta-learned initialisation ({type(err).__name__}: {first})"
         ) from None
     if not isinstance(state, dict) or not {"weights", "lrs", "inner_steps", "ways", "outputs"} <= set(state):
         raise ConfigError(f"{path}: not a meta-learned initialisation (keys missing); re-run 'vatra meta'")
