@@ -23,6 +23,7 @@ from vatra.data import DataContext
 from vatra.data._base import on_rank0
 from vatra.data.tables.source import check_drift, pin
 from vatra.engine import Plugin
+from vatra.meta import MetaLearner
 from vatra.monitor import (
     JsonlWriter,
     MlflowTracker,
@@ -59,9 +60,11 @@ PLUGINS: tuple[Slot, ...] = (
     # to the servers, which only its role can make (build_plugins' ``mode``)
     Slot(
         "mode",
-        lambda c: c.dist.mode != "async",
+        lambda c: c.dist.mode != "async" and not c.meta.enabled,  # meta: its gather is the sync
         lambda c, rd: CommPlugin(c.comm) if c.dist.mode == "sync" else mode_plugin(c),
     ),
+    # meta: the meta-step (episodes' meta-gradients gathered across ranks) as the micro-steps
+    Slot("meta", MetaLearner.wanted, lambda c, rd: MetaLearner(c, rd)),
     Slot("balance", lambda c: Balancer.wanted(c.balance), lambda c, rd: Balancer(c.balance)),
     Slot("monitor", lambda c: c.monitor.enabled, lambda c, rd: Monitor(c, rd)),
     Slot("heal", lambda c: c.heal.enabled, lambda c, rd: Healer(c)),

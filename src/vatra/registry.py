@@ -261,6 +261,7 @@ STRATEGIES = Registry(
         "fedyogi": "vatra.federated.fedyogi:FedYogi",
         "krum": "vatra.federated.robust:Krum",
         "median": "vatra.federated.robust:Median",
+        "perfedavg": "vatra.federated.perfedavg:PerFedAvg",
         "personalized": "vatra.federated.personalized:Personalized",
         "trimmed_mean": "vatra.federated.robust:TrimmedMean",
     },

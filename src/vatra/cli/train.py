@@ -102,6 +102,30 @@ def train(
 ) -> None:
     """Train a model on N local processes (or many nodes) through torch.distributed's elastic agent."""
     cfg = load_config(config, set_, run="train")
+    launch_run(
+        cfg,
+        config,
+        set_,
+        nproc,
+        run_dir,
+        "vatra train",
+        (nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts),
+    )
+
+
+def launch_run(
+    cfg: Config,
+    config: Path,
+    set_: list[str],
+    nproc: int | None,
+    run_dir: Path | None,
+    command: str,
+    flags: tuple[str, str | None, str, list[str], int | None, str | None, int],
+) -> None:
+    """Run the built-in worker on ``cfg`` (loaded from ``config`` with ``set_``) under the elastic
+    agent: ``vatra train``'s and ``vatra meta``'s launch. ``flags``: torchrun's (nnodes,
+    rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts)."""
+    nnodes, rdzv_endpoint, rdzv_id, rdzv_conf, node_rank, local_addr, max_restarts = flags
     if nproc is not None:
         if nproc < 1:
             raise ConfigError(f"--nproc {nproc}: must be ≥ 1 (worker processes on this node)")
@@ -122,7 +146,7 @@ def train(
         launch_workers(spec, [str(config), *[a for s in set_ for a in ("--set", s)]], forked)
         return
     rd = RunDir(run_dir or Path(cfg.run.out_dir) / new_run_id(cfg.run.name)).create()
-    with rd.lock("vatra train", job=_job(spec)):  # held across the workers' elastic restarts
+    with rd.lock(command, job=_job(spec)):  # held across the workers' elastic restarts
         rd.config.write_text(dump_toml(cfg))
         print(f"vatra: run folder {rd.path}", flush=True)
         try:

@@ -13,6 +13,7 @@ from vatra.config._load import (
     load_config,
     parse_override,
 )
+from vatra.config._meta import MetaConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._parallel import ParallelConfig
 from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
@@ -45,6 +46,7 @@ __all__ = [
     "HealConfig",
     "HybridConfig",
     "LocalSGDConfig",
+    "MetaConfig",
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",

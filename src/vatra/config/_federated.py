@@ -67,7 +67,8 @@ class PartitionConfig(Section):
 class FederatedConfig(Section):
     strategy: str = Field(
         "fedavg",
-        description="Aggregation strategy: fedavg, fedprox, fedadam, fedyogi, clustered, personalized, or "
+        description="Aggregation strategy: fedavg, fedprox, fedadam, fedyogi, clustered, personalized, "
+        "perfedavg (federated meta-learning), or "
         "an import string 'package.module:Class' naming a vatra.federated.Strategy subclass "
         "(called as Class(federated section, parameter layout)).",
     )
@@ -80,6 +81,12 @@ class FederatedConfig(Section):
         "naming a vatra.federated.Selector subclass (called as Class(federated section, seed)).",
     )
     local_steps: int = Field(10, ge=1, description="Local optimizer steps per client per round.")
+    inner_lr: float = Field(
+        0.0,
+        ge=0.0,
+        description="perfedavg: α, the LR of the personalisation step on one batch inside each local "
+        "step, and of the step a client takes on its own rows before it is scored.",
+    )
     local_epochs: int = Field(
         0,
         ge=0,

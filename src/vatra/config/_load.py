@@ -16,6 +16,7 @@ from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
 from vatra.config._federated import FederatedConfig
+from vatra.config._meta import MetaConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._parallel import ParallelConfig
 from vatra.config._resilience import CheckpointConfig, StoreConfig
@@ -72,6 +73,7 @@ class Config(Section):
     # `async` is a Python keyword: the field is `async_`, read and written as `async` in TOML.
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    meta: MetaConfig = Field(default_factory=MetaConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:
@@ -198,6 +200,27 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _meta(self) -> Config:
+        if not self.meta.enabled:
+            return self
+        if self.dist.mode != "sync" or not self.parallel.is_default() or self.balance.method != "off":
+            raise ValueError(
+                "meta: a meta-step gathers every task's meta-gradient across the ranks itself, so it "
+                "needs plain data parallelism; set dist.mode = 'sync', balance.method = 'off' and no "
+                "[parallel] layout"
+            )
+        if self.train.grad_accum != 1:
+            raise ValueError(
+                "meta: meta.tasks_per_step sets a meta-step's batch of episodes; set train.grad_accum = 1"
+            )
+        if self.comm.method != "none":
+            raise ValueError(
+                f"meta: the meta-step gathers every task's meta-gradient uncompressed, so comm.method = "
+                f"{self.comm.method!r} would not apply; set comm.method = 'none'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _dist_mode(self) -> Config:
         mode = self.dist.mode
         if mode == "sync":
@@ -232,7 +255,7 @@ class Config(Section):
         return self
 
 
-RunKind = Literal["train", "federated"]
+RunKind = Literal["train", "federated", "meta"]
 _FEDERATED_CHECKPOINT = {"keep_last"}  # the [checkpoint] keys a federated server reads
 
 
@@ -249,6 +272,11 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
         raise ConfigError(
             f"{', '.join(f'tune.{k}' for k in written('tune'))}: a {run} run reads no [tune] keys (they "
             "describe a study over runs); run 'vatra tune CONFIG', or remove the [tune] section"
+        )
+    if written("meta") and (run == "federated" or (run == "train" and not cfg.meta.enabled)):
+        raise ConfigError(
+            f"{', '.join(f'meta.{k}' for k in written('meta'))}: a {run} run reads no [meta] keys (they "
+            "describe meta-learning); run 'vatra meta CONFIG', or remove the [meta] section"
         )
     if run == "federated":
         ignored = [f"checkpoint.{key}" for key in written("checkpoint") if key not in _FEDERATED_CHECKPOINT]
@@ -437,9 +465,11 @@ def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:
 
 def dump_toml(cfg: Config) -> str:
     """The resolved config as TOML (None values are left out: TOML has no null). ``[tune]`` only
-    when it describes a study, so a run's resolved config has none and reloads as a run."""
+    when it describes a study and ``[meta]`` only when it is set, so a plain run's resolved config
+    has neither and reloads as that run."""
     return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True, exclude=_no_study(cfg)))
 
 
 def _no_study(cfg: Config) -> set[str]:
-    return {"tune"} if cfg.tune.is_default() else set()
+    # sections that describe another kind of run, left out while they hold only defaults
+    return {name for name in ("tune", "meta") if getattr(cfg, name).is_default()}

@@ -195,6 +195,7 @@ class Trainer:
             broadcast=ctx.broadcast_object,
             task=cfg.train.task,
             head_tasks={name: h.task for name, h in cfg.train.multitask.heads.items()},
+            keep=cfg.meta.kept_columns(),  # meta.task_column: the tasks' names, not a feature
         )
         if train is None:
             if val is not None:

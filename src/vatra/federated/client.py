@@ -26,6 +26,7 @@ from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import ClientData
 from vatra.federated.evaluate import Scorer, batch_fetcher
 from vatra.federated.params import ParamLayout
+from vatra.federated.perfedavg import meta_gradient, personalise
 from vatra.losses import build_loss
 from vatra.models import build_model
 
@@ -136,11 +137,13 @@ class LocalClient:
         return int(np.argmin(losses)), losses
 
     def _train(
-        self, data: ClientData, sampler: ShardSampler, steps: int, plugins: list[Plugin]
+        self, data: ClientData, sampler: ShardSampler, steps: int, plugins: list[Plugin], alpha: float = 0.0
     ) -> list[float]:
         """``steps`` optimizer steps on the sampler's batches: a fresh optimizer each round (the
         config's, with its schedule over the round's steps), the config's gradient clipping, then
         the plugins' ``after_backward`` (FedProx's proximal term, DP-SGD's per-sample clipping).
+        ``alpha`` > 0 (perfedavg): each step's gradient is Per-FedAvg's first-order meta-gradient
+        over two batches (:func:`~vatra.federated.perfedavg.meta_gradient`).
 
         A lean loop rather than the engine's Trainer: a client round is a few milliseconds of
         compute, and building a Trainer per round (loaders, timers, gradient-norm metrics) cost
@@ -157,8 +160,12 @@ class LocalClient:
         for i in range(steps):
             inputs, target = fetch(sampler.next_batch())
             optimizer.zero_grad(set_to_none=True)
-            loss = self.loss(call_model(self.model, inputs), target)
-            loss.backward()
+            if alpha > 0:
+                then = fetch(sampler.next_batch())
+                loss = meta_gradient(self.model, self._loss_on(inputs, target), self._loss_on(*then), alpha)
+            else:
+                loss = self.loss(call_model(self.model, inputs), target)
+                loss.backward()
             if clip:
                 torch.nn.utils.clip_grad_norm_(params, clip)
             for plugin in plugins:
@@ -190,7 +197,8 @@ class LocalClient:
         epochs = int(conf.get("local_epochs", 0)) > 0
         sampler = ShardSampler(data.train_rows, batch, seed=seed, epoch_end=epochs)
         t0 = time.perf_counter()
-        train_losses = self._train(data, sampler, steps, plugins)
+        alpha = float(conf.get("inner_lr", 0.0))
+        train_losses = self._train(data, sampler, steps, plugins, alpha)
         train_time = time.perf_counter() - t0
 
         trained = self.layout.flatten(self.model)
@@ -231,13 +239,28 @@ class LocalClient:
         self.reports[cid] = report = self.hook.encode_eval(self._score(ins, personal))
         return report
 
+    def _loss_on(self, inputs: Any, target: Any) -> Callable[[], torch.Tensor]:
+        return lambda: self.loss(call_model(self.model, inputs), target)
+
+    def _personalised(self, data: ClientData, vec: np.ndarray, alpha: float) -> np.ndarray:
+        """``vec`` after Per-FedAvg's personalisation step: one SGD step of ``alpha`` on the client's
+        first ``train.batch_size`` training rows."""
+        self.layout.load(self.model, vec)
+        inputs, target = batch_fetcher(data.train)(data.train_rows[: self.cfg.train.batch_size])
+        personalise(self.model, self._loss_on(inputs, target), alpha)
+        return self.layout.flatten(self.model)
+
     def _score(self, ins: FitIns, personal: np.ndarray | None) -> EvalRes:
         data = self.data_of(ins.client_id)
         if not data.num_val:
             return EvalRes(ins.client_id, ins.round, 0, {})
         candidates, _ = self._candidates(ins, personal)
         chosen, _ = self._choose(data, candidates)
-        metrics: dict[str, Any] = dict(self.scorer.score(candidates[chosen], data.val, data.val_rows))
+        scored = candidates[chosen]
+        alpha = float(ins.config.get("inner_lr", 0.0))
+        if alpha > 0 and data.num_train:  # perfedavg: scored as this client would use it, personalised
+            scored = self._personalised(data, scored, alpha)
+        metrics: dict[str, Any] = dict(self.scorer.score(scored, data.val, data.val_rows))
         if len(candidates) > 1:
             metrics["model"] = chosen
         return EvalRes(ins.client_id, ins.round, data.num_val, metrics)
