@@ -23,10 +23,12 @@ _LAZY = {
     "DatasetSpec": "vatra.data",
     "FitResult": "vatra.api",
     "Plugin": "vatra.engine",
+    "Predictor": "vatra.api",
     "StreamDataset": "vatra.data",
     "TargetSpec": "vatra.data",
     "Trainer": "vatra.engine",
     "fit": "vatra.api",
+    "load": "vatra.api",
     "load_config": "vatra.config",
 }
 
@@ -36,11 +38,13 @@ __all__ = [
     "DatasetSpec",
     "FitResult",
     "Plugin",
+    "Predictor",
     "StreamDataset",
     "TargetSpec",
     "Trainer",
     "__version__",
     "fit",
+    "load",
     "load_config",
 ]
 

@@ -16,6 +16,9 @@ from vatra.asyncrun import fit_async
 from vatra.config import Config, config_from_dict, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError
+from vatra.serve import Predictor, load
+
+__all__ = ["FitResult", "Predictor", "as_config", "fit", "load"]
 
 RUN_DIR_ENV = "VATRA_RUN_DIR"  # set by `vatra run`: every rank and every restart use this folder
 

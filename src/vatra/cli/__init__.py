@@ -6,6 +6,7 @@ from vatra.cli import cluster as _cluster  # noqa: F401  (registers cluster up/r
 from vatra.cli import data as _data  # noqa: F401  (registers the data commands)
 from vatra.cli import federated as _federated  # noqa: F401  (registers federate and fl)
 from vatra.cli import plan as _plan  # noqa: F401  (registers plan)
+from vatra.cli import predict as _predict  # noqa: F401  (registers predict and export)
 from vatra.cli import report as _report  # noqa: F401  (registers report)
 from vatra.cli import train as _train  # noqa: F401  (registers the train and config commands)
 from vatra.cli import tune as _tune  # noqa: F401  (registers tune)

@@ -201,11 +201,11 @@ class Preprocess:
         sizes = [len(self.vocab[c]) for c in self.categorical]
         self._onehot_at = np.cumsum([0, *sizes[:-1]]).astype(np.int64) - 1  # (K,): id 1 -> first column
 
-    def encode(self, table: pa.Table, num_out: np.ndarray | None = None) -> Fields:
+    def encode(self, table: pa.Table, num_out: np.ndarray | None = None, *, targets: bool = True) -> Fields:
         """A chunk's rows: ``num`` (n, F) float32 (missing values filled with ``data.nan = "mean"``,
         else NaN; standardised when fitted), ``ids`` (n, K) int64 (0 = unseen), ``y/<column>`` the
         encoded targets (class ids or float32). Column-wise, vectorised; ``num_out`` (n, F) float32
-        receives ``num`` when given."""
+        receives ``num`` when given. ``targets=False``: new rows to score, without target columns."""
         pa = arrow()
         # fill and scale here, on contiguous columns; batch() then only gathers rows
         num = numeric_matrix(table, self.features, self._fill, self._mean, self._scale, out=num_out)
@@ -214,7 +214,7 @@ class Preprocess:
         for k, c in enumerate(self.categorical):
             ids[:, k] = self._category_ids(table.column(c), pa.array(self.vocab[c], pa.string()))
         out["ids"] = ids
-        for t in self.target:
+        for t in self.target if targets else ():
             col = table.column(t)
             out["y/" + t] = (
                 self._class_ids(t, col) if self.kinds[t] == "classification" else float32_column(col)
@@ -262,12 +262,15 @@ class Preprocess:
         self,
         pieces: Sequence[tuple[Fields, np.ndarray]],
         alloc: Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray] | None = None,
+        *,
+        targets: bool = True,
     ) -> Fields:
         """Batch fields of rows taken from encoded chunks (``(encoded fields, row indices)`` pieces),
         each a fresh contiguous array: ``x`` (n, F) float32 (scaled numeric, then one-hot columns),
         ``ids`` (n, K) int64 with embeddings, ``y`` ((n,), or (n, K) for several columns) or
         ``y/<column>`` (multitask). ``alloc(shape, dtype)`` gives the arrays the rows are gathered
-        into (recycled buffers) when there is one piece."""
+        into (recycled buffers) when there is one piece. ``targets=False``: the inputs only (pieces
+        encoded without targets)."""
 
         def take(key: str) -> np.ndarray:
             if alloc is not None and len(pieces) == 1:
@@ -285,6 +288,8 @@ class Preprocess:
             else:
                 x = self._onehot(x, ids)
         out["x"] = x
+        if not targets:
+            return out
         ys = {t: take("y/" + t) for t in self.target}
         if self.task == "multitask":
             out.update({"y/" + t: v for t, v in ys.items()})

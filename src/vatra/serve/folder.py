@@ -1,0 +1,119 @@
+"""A model folder (what ``vatra export`` writes) read back into a :class:`Predictor`, no run folder needed.
+
+``vatra-model.json`` names the weights format and file, the data spec, the signature, the lineage
+and each file's SHA-256; a file that does not match its checksum is refused before it is read.
+Weights formats: ``safetensors`` (tensors only, no code: the model is rebuilt from the config in the
+lineage, so a user's model code must be importable), ``torchscript`` (the traced model, no model
+code needed; loading runs code from the file, so load only folders you trust) and ``onnx`` (scored
+by ONNX Runtime).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vatra._extras import require
+from vatra.data.tabular import Preprocess
+from vatra.errors import ConfigError
+from vatra.serve.predict import Predictor, Runner, torch_runner
+
+MANIFEST = "vatra-model.json"
+FORMAT = "vatra-model"
+FORMAT_VERSION = 1
+WEIGHTS = {"safetensors": "model.safetensors", "torchscript": "model.pt", "onnx": "model.onnx"}
+PREPROCESS = "preprocess.json"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The folder's manifest, every listed file checked against its SHA-256."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"vatra.load: cannot read {folder / MANIFEST}: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ConfigError(f"vatra.load: {folder / MANIFEST} is not a vatra model manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"vatra.load: {folder} was written in model format {manifest.get('format_version')}; this "
+            f"vatra reads format {FORMAT_VERSION}: upgrade vatra or export the run again"
+        )
+    for name, digest in manifest.get("files", {}).items():
+        path = folder / name
+        if Path(name).name != name or not path.is_file():
+            raise ConfigError(f"vatra.load: {folder} lacks the file {name!r} its manifest lists")
+        if file_sha256(path) != digest:
+            raise ConfigError(
+                f"vatra.load: {path} does not match its SHA-256 in {MANIFEST} (changed or damaged); "
+                "export the model again"
+            )
+    return manifest
+
+
+def load_folder(folder: Path) -> Predictor:
+    """A predictor from a model folder."""
+    manifest = read_manifest(folder)
+    fmt = manifest["weights"]["format"]
+    weights = folder / manifest["weights"]["file"]
+    pre = Preprocess.load(folder / PREPROCESS) if PREPROCESS in manifest["files"] else None
+    model = None
+    if fmt == "safetensors":
+        model = _safetensors_model(manifest, weights)
+        runner = torch_runner(model)
+    elif fmt == "torchscript":
+        import torch
+
+        model = torch.jit.load(str(weights), map_location="cpu")
+        model.eval()
+        runner = torch_runner(model, positional=True)
+    elif fmt == "onnx":
+        runner = onnx_runner(weights)
+    else:
+        raise ConfigError(f"vatra.load: {folder}: unknown weights format {fmt!r}")
+    meta = {"weights": fmt, "folder": str(folder.resolve()), **manifest["lineage"]}
+    if manifest.get("check"):
+        meta["check"] = manifest["check"]
+    return Predictor(runner, manifest["signature"], meta, pre, model)
+
+
+def _safetensors_model(manifest: dict[str, Any], weights: Path) -> Any:
+    from safetensors.torch import load_file
+
+    from vatra.config import config_from_dict
+    from vatra.serve.weights import build_run_model, spec_from_dict
+
+    cfg = config_from_dict(dict(manifest["lineage"]["config"]))
+    model = build_run_model(cfg, spec_from_dict(manifest["spec"]))
+    try:
+        model.load_state_dict(load_file(str(weights)))
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"vatra.load: {weights} does not fit the model its config builds: {err}") from None
+    model.eval()
+    return model
+
+
+def onnx_runner(path: Path, threads: int = 0) -> Runner:
+    """Scores through an ONNX Runtime session on the CPU (inputs ``x`` and, with embeddings, ``ids``)."""
+    ort = require("onnxruntime", "onnx", "scoring an ONNX model")
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(session.run(None, {n: inputs[n] for n in names})[0])
+
+    return run
