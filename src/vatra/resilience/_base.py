@@ -68,6 +68,16 @@ class StoreBackend:
     def exists(self, key: str) -> bool:
         raise NotImplementedError
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it is absent, atomically: True when this call created it, False when
+        the key existed (another writer won). Two writers never both get True for one key, which is
+        what an append-only log kept by several processes needs (the model registry's alias history).
+        Backends that cannot promise it refuse with a :class:`StoreError` (the default)."""
+        raise StoreError(
+            f"{self.describe()}: this store backend cannot create a key only if it is absent; "
+            "use a local folder or s3:// for the model registry"
+        )
+
     def delete(self, key: str) -> None:
         """Remove ``key``; no error when it is already gone."""
         raise NotImplementedError

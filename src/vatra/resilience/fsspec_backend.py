@@ -137,6 +137,37 @@ class FsspecBackend(StoreBackend):
         except self._fails as err:
             raise self._error("stat", key, err) from None
 
+    def create(self, key: str, data: bytes) -> bool:
+        """Locally: the bytes go to a fsynced temporary file that is hard-linked to the key (``link``
+        fails when the name exists, atomically, even across processes). On S3: a conditional PUT
+        (``If-None-Match: *``), which S3 answers 412 when the key exists. Other filesystems refuse."""
+        if self.local:
+            target = Path(self._path(key))
+            tmp = target.with_name(f"{target.name}{TEMP_MARK}{os.urandom(4).hex()}")
+            try:
+                _makedirs(target.parent)
+                atomic_write(tmp, data, durable=True)
+                try:
+                    os.link(tmp, target)
+                except FileExistsError:
+                    return False
+                fsync_dir(target.parent)
+                return True
+            except self._fails as err:
+                raise self._error("write", key, err) from None
+            finally:
+                tmp.unlink(missing_ok=True)
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if not {"s3", "s3a"} & set(protocols):
+            return super().create(key, data)
+        try:
+            self.fs.pipe_file(self._path(key), data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except self._fails as err:
+            raise self._error("write", key, err) from None
+
     def delete(self, key: str) -> None:
         try:
             self.fs.rm_file(self._path(key))

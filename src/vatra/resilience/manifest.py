@@ -130,3 +130,28 @@ def decode_tag(raw: bytes, tag: str, key: bytes | None) -> str:
     if key is not None:
         _check_signature(where, signature or None, _mac(key, "vatra-tag", tag, version))
     return version
+
+
+def encode_record(record: dict[str, Any], kind: str, key: bytes | None) -> bytes:
+    """Any other JSON record kept beside a store's versions (the model registry's version and alias
+    records), signed like a manifest when ``key`` is given; ``kind`` is part of what is signed, so a
+    record of one kind cannot pass for another."""
+    out = dict(record)
+    if key is not None:
+        out[SIGNATURE] = _mac(key, kind, _canonical(record))
+    return json.dumps(out, indent=1, sort_keys=True).encode()
+
+
+def decode_record(raw: bytes, kind: str, where: str, key: bytes | None) -> dict[str, Any]:
+    """A record :func:`encode_record` wrote; unparsable, unsigned or tampered (with a key) raises a
+    :class:`StoreError` naming ``where``."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        raise StoreError(f"{where}: not valid JSON (truncated or corrupt)") from None
+    if not isinstance(record, dict):
+        raise StoreError(f"{where}: not a JSON object (corrupt)")
+    if key is not None:
+        _check_signature(where, record.get(SIGNATURE), _mac(key, kind, _canonical(record)))
+    record.pop(SIGNATURE, None)
+    return record
