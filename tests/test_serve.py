@@ -59,12 +59,13 @@ class TinySource:
 
 
 @contextmanager
-def serving(source: TinySource, tmp_path: Path, split: str = "champion=1", **kw: Any) -> Iterator[httpx.Client]:
+def serving(
+    source: TinySource, tmp_path: Path, split: str = "champion=1", **kw: Any
+) -> Iterator[httpx.Client]:
     cfg = ServeConfig(split=Split.parse(split), log_dir=tmp_path / "log", poll_s=0.05, **kw)
     app = create_app(source, cfg, load_slots(source, cfg.split), log=lambda line: None)
     with running(app) as base, httpx.Client(base_url=base, timeout=30) as client:
         yield client
-
 
 
 def rows(n: int, start: int = 0) -> list[dict[str, float]]:
@@ -96,7 +97,7 @@ def test_split_is_sticky_per_key_and_normalises_weights() -> None:
 
 @pytest.mark.parametrize("text", ["", "champion", "champion=0", "a=1,a=2", "a=-1,b=2", "a=x", "=1"])
 def test_split_refuses_bad_text_with_one_line(text: str) -> None:
-    with pytest.raises(ConfigError, match="^[^\n]*(alias|empty|twice)[^\n]*$"):
+    with pytest.raises(ConfigError, match=r"^[^\n]*(alias|empty|twice)[^\n]*$"):
         Split.parse(text)
 
 
@@ -106,7 +107,9 @@ def test_split_refuses_bad_text_with_one_line(text: str) -> None:
 def test_predict_routes_by_key_and_logs_each_row(tmp_path: Path) -> None:
     source = TinySource({"champion": "v1", "challenger": "v2"})
     with serving(source, tmp_path, "champion=0.7,challenger=0.3") as client:
-        answers = [client.post("/predict", json={"rows": rows(2, i), "key": f"u{i % 100}"}) for i in range(300)]
+        answers = [
+            client.post("/predict", json={"rows": rows(2, i), "key": f"u{i % 100}"}) for i in range(300)
+        ]
         again = client.post("/predict", json={"rows": rows(1), "key": "u7"}).json()
     assert all(r.status_code == 200 for r in answers)
     body = [r.json() for r in answers]
@@ -125,3 +128,151 @@ def test_predict_routes_by_key_and_logs_each_row(tmp_path: Path) -> None:
     assert len(log) == 601 and {r["id"] for r in log} >= set(body[0]["ids"])
     assert set(log[0]) == {"id", "t", "variant", "version", "key", "latency_ms", "error"}
     assert not any(r["error"] for r in log)
+
+
+def test_concurrent_requests_share_model_calls(tmp_path: Path) -> None:
+    source = TinySource({"champion": "v1"})
+
+    async def fire(base: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            return await asyncio.gather(
+                *(client.post("/predict", json={"rows": rows(1, i)}) for i in range(48))
+            )
+
+    cfg = ServeConfig(split=Split.single("champion"), log_dir=tmp_path, max_batch=16, max_wait_ms=200)
+    app = create_app(source, cfg, load_slots(source, cfg.split), log=lambda line: None)
+    with running(app) as base:
+        answers = asyncio.run(fire(base))
+    calls = source.models["v1"].calls
+    assert [r.status_code for r in answers] == [200] * 48
+    assert sum(calls) == 48 and max(calls) <= 16
+    assert len(calls) <= 12, calls  # 48 one-row requests in a few 16-row calls, not 48 calls
+    reference = TinyModel("v1")  # same seed, same weights: each answer is its own row's output
+    for i, r in enumerate(answers):  # to float32 rounding: a batched matmul sums in another order
+        [got], [want] = r.json()["predictions"], reference.predict(rows(1, i))
+        assert got == {"prediction": want["prediction"], "proba_0": pytest.approx(want["proba_0"], abs=1e-6)}
+
+
+def test_hot_swap_under_load_answers_every_request(tmp_path: Path) -> None:
+    source = TinySource({"champion": "v1"}, load_s=0.3)  # a slow load: requests keep coming meanwhile
+    statuses: list[int] = []
+    versions: list[str] = []
+    stop = threading.Event()
+    with serving(source, tmp_path) as client:
+
+        def load() -> None:
+            while not stop.is_set():
+                r = client.post("/predict", json={"rows": rows(3)})
+                statuses.append(r.status_code)
+                versions.append(r.json().get("version", "?"))
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        time.sleep(0.3)
+        source.aliases["champion"] = "v2"  # the alias moves
+        deadline = time.monotonic() + 10
+        while "v2" not in versions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        stop.set()
+        thread.join()
+        metrics = client.get("/metrics").text
+    assert set(statuses) == {200}, Counter(statuses)
+    assert versions[0] == "v1" and versions[-1] == "v2"
+    first_v2 = versions.index("v2")
+    assert set(versions[first_v2:]) == {"v2"}  # no request went back to the old version
+    assert first_v2 > 5  # the old version kept answering while the new one loaded
+    assert 'vatra_serve_swaps_total{variant="champion"} 1.0' in metrics
+    assert 'vatra_serve_version{variant="champion",version="v2"} 1.0' in metrics
+    assert 'version="v1"' not in metrics
+
+
+def test_bad_requests_get_4xx_with_one_line_reasons(tmp_path: Path) -> None:
+    source = TinySource({"champion": "v1"})
+    arrow_garbage = {"content-type": "application/vnd.apache.arrow.stream"}
+    with serving(source, tmp_path, max_body_bytes=4096) as client:
+        good = client.post("/predict", json={"rows": rows(1)}).json()["ids"][0]
+        cases = {
+            "not JSON": (client.post("/predict", content=b"{rows: 1"), 400, "not JSON"),
+            "no rows": (client.post("/predict", json={"row": []}), 400, '"rows"'),
+            "rows not a list": (client.post("/predict", json={"rows": {"x0": 1}}), 400, "list of objects"),
+            "empty": (client.post("/predict", json={"rows": []}), 422, "empty"),
+            "missing column": (client.post("/predict", json={"rows": [{"x0": 1}]}), 422, "lacks column 'x1'"),
+            "unknown column": (
+                client.post("/predict", json={"rows": [{"x0": 1, "x1": 2, "y": 3}]}),
+                422,
+                "unknown column 'y'",
+            ),
+            "object value": (client.post("/predict", json={"rows": [{"x0": {}, "x1": 2}]}), 422, "object"),
+            "bad key": (client.post("/predict", json={"rows": rows(1), "key": [1]}), 400, "key"),
+            "too large": (client.post("/predict", json={"rows": rows(200)}), 413, "limit of 4096 bytes"),
+            "bad arrow": (client.post("/predict", content=b"\xff" * 64, headers=arrow_garbage), 400, "Arrow"),
+            "unknown id": (
+                client.post("/outcome", json={"id": "nope", "value": 1}),
+                404,
+                "unknown prediction id",
+            ),
+            "bad value": (client.post("/outcome", json={"id": good, "value": "high"}), 422, "finite number"),
+            "no id": (client.post("/outcome", json={"value": 1}), 400, '"id"'),
+            "no route": (client.get("/predictions"), 404, "Not Found"),
+            "wrong method": (client.get("/predict"), 405, "Method Not Allowed"),
+        }
+        assert client.post("/outcome", json={"id": good, "value": True}).status_code == 200
+        again = client.post("/outcome", json={"id": good, "value": 0})
+        metrics = client.get("/metrics").text
+    cases["outcome twice"] = (again, 409, "already has an outcome")
+    for what, (response, status, reason) in cases.items():
+        error = response.json()["error"]
+        assert (response.status_code, reason in error, "\n" in error) == (status, True, False), (what, error)
+    assert 'vatra_serve_rejected_total{status="400"}' in metrics
+    assert 'vatra_serve_errors_total{kind="input",variant="champion"} 3.0' in metrics
+    assert jsonl(tmp_path / "log" / "outcomes.jsonl") == [
+        {"id": good, "t": pytest.approx(time.time(), abs=60), "value": 1.0}
+    ]
+
+
+def test_a_request_the_model_refuses_fails_alone(tmp_path: Path) -> None:
+    source = TinySource({"champion": "v1"})
+
+    async def fire(base: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            bad = [{"x0": "high", "x1": 1}]  # torch.tensor refuses a string: the model raises
+            requests = [
+                client.post("/predict", json={"rows": bad if i == 3 else rows(1, i)}) for i in range(8)
+            ]
+            return await asyncio.gather(*requests)
+
+    cfg = ServeConfig(split=Split.single("champion"), log_dir=tmp_path, max_wait_ms=200)
+    app = create_app(source, cfg, load_slots(source, cfg.split), log=lambda line: None)
+    with running(app) as base:
+        answers = asyncio.run(fire(base))
+    assert [r.status_code for r in answers] == [200, 200, 200, 422, 200, 200, 200, 200]
+    assert "\n" not in answers[3].json()["error"]
+    log = jsonl(tmp_path / "predictions.jsonl")
+    assert [r["error"] for r in log].count(True) == 1
+
+
+def test_arrow_in_arrow_out_and_restart_keeps_outcome_ids(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(rows(5))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    source = TinySource({"champion": "v1"})
+    with serving(source, tmp_path) as client:
+        r = client.post(
+            "/predict",
+            content=sink.getvalue().to_pybytes(),
+            headers={"content-type": "application/vnd.apache.arrow.stream", "x-request-key": "k"},
+        )
+        health = client.get("/healthz").json()
+    out = pa.ipc.open_stream(r.content).read_all()
+    assert r.headers["x-variant"] == "champion" and r.headers["x-model-version"] == "v1"
+    assert out.column_names == ["id", "prediction", "proba_0"]
+    assert out.drop_columns(["id"]).to_pylist() == source.models["v1"].predict(rows(5))
+    assert health == {"status": "ok", "variants": {"champion": {"version": "v1", "weight": 1.0}}}
+    with serving(source, tmp_path) as client:  # a restarted server accepts outcomes of earlier ids
+        assert (
+            client.post("/outcome", json={"id": out.column("id")[0].as_py(), "value": 2.5}).status_code == 200
+        )

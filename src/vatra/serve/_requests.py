@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 ARROW = "application/vnd.apache.arrow.stream"
-_SCALARS = (str, int, float, bool, type(None))
+_VALUES = (str, int, float, bool, type(None), list)  # a list: a tensor model's row
 
 
 class BadRequest(Exception):
@@ -64,10 +64,10 @@ def json_rows(body: bytes) -> tuple[list[dict[str, Any]], str | None]:
         raise BadRequest('"rows" must be a list of objects, one {"column": value} per row')
     for i, row in enumerate(rows):
         for column, value in row.items():
-            if not isinstance(value, _SCALARS):
+            if not isinstance(value, _VALUES):
                 raise BadRequest(
-                    f"row {i} column {column!r} is a {type(value).__name__}: values must be"
-                    " numbers, strings, booleans or null",
+                    f"row {i} column {column!r} is an object: values must be numbers, strings,"
+                    " booleans, null or (for a tensor input) lists of numbers",
                     422,
                 )
     return rows, _key(payload.get("key"))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from vatra._extras import require
 from vatra.errors import ConfigError
-from vatra.serve.batcher import InputError, ModelError
+from vatra.serve.batcher import ModelError, RowsRefused
 from vatra.serve.metrics import ServeMetrics
 from vatra.serve.servelog import OutcomeError, ServeLog
 from vatra.serve.source import ModelSource, Slot
@@ -159,8 +159,8 @@ def create_app(
         try:
             rq.check_rows(rows, slot.model.columns)
             answer = await variant.batcher.predict(rows)
-        except (rq.BadRequest, InputError, ModelError) as err:
-            status = getattr(err, "status", 422 if isinstance(err, InputError) else 500)
+        except (rq.BadRequest, RowsRefused, ModelError) as err:
+            status = getattr(err, "status", 422 if isinstance(err, RowsRefused) else 500)
             kind = "model" if status >= 500 else "input"
             metrics.errors.labels(alias, kind).inc()
             ms = (time.perf_counter() - started) * 1000

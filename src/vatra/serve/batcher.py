@@ -24,7 +24,7 @@ from vatra.serve.source import Slot
 Rows = list[dict[str, Any]]
 
 
-class InputError(Exception):
+class RowsRefused(Exception):
     """The model refused a request's rows (a missing column, an unseen category): a 4xx."""
 
 
@@ -55,7 +55,7 @@ def _one_line(err: BaseException) -> str:
 
 def _as_error(err: Exception) -> Exception:
     if isinstance(err, VatraError | ValueError | KeyError | TypeError):
-        return InputError(_one_line(err))
+        return RowsRefused(_one_line(err))
     return ModelError(f"the model failed: {type(err).__name__}: {_one_line(err)}")
 
 
