@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -46,7 +47,9 @@ def _server(app: Any) -> Any:
 
 def run(app: Any, sock: socket.socket) -> None:
     """Serve until interrupted (Ctrl-C finishes the requests in flight, then stops)."""
-    _server(app).run(sockets=[sock])
+    # uvicorn re-raises the Ctrl-C after its graceful shutdown: here that is a normal stop
+    with contextlib.suppress(KeyboardInterrupt):
+        _server(app).run(sockets=[sock])
 
 
 @contextmanager
