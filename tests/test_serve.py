@@ -153,6 +153,16 @@ def test_concurrent_requests_share_model_calls(tmp_path: Path) -> None:
         assert got == {"prediction": want["prediction"], "proba_0": pytest.approx(want["proba_0"], abs=1e-6)}
 
 
+def test_a_lone_client_does_not_wait_for_the_latency_budget(tmp_path: Path) -> None:
+    source = TinySource({"champion": "v1"})
+    with serving(source, tmp_path, max_wait_ms=300) as client:
+        started = time.perf_counter()
+        for i in range(10):  # one after the other: nobody can share a model call with them
+            assert client.post("/predict", json={"rows": rows(1, i)}).status_code == 200
+        seconds = time.perf_counter() - started
+    assert seconds < 1.5, seconds  # waiting out the budget would take 10 × 0.3 s
+
+
 def test_hot_swap_under_load_answers_every_request(tmp_path: Path) -> None:
     source = TinySource({"champion": "v1"}, load_s=0.3)  # a slow load: requests keep coming meanwhile
     statuses: list[int] = []

@@ -2,8 +2,11 @@
 
 Requests join a queue; one batcher task per variant takes the oldest, adds whatever else is
 queued, and waits for more only while the latency budget (``max_wait_s`` since the oldest request
-arrived) lasts *and* the recent request rate says another request is likely to come in time. A lone
-client therefore never waits, while under load a batch fills up to ``max_batch`` rows. The model
+arrived) lasts, the recent request rate says another request is likely to come in time, *and*
+recent batches held several requests. The last condition matters for clients that wait for their
+answer before sending again: a lone such client sends often, but never while its own request
+waits, so waiting would only add latency. Under load requests pile up while the model runs,
+batches grow, and then waiting fills them up to ``max_batch`` rows. The model
 runs in a worker thread of its own (one call at a time), so the event loop keeps accepting requests
 while it runs; the variant's :class:`~vatra.serve.source.Slot` is read once per batch, which is
 where a hot swap takes effect.
@@ -22,6 +25,7 @@ from vatra.errors import VatraError
 from vatra.serve.source import Slot
 
 Rows = list[dict[str, Any]]
+_WAIT_FILL = 1.5  # wait for company only once recent batches average this many requests
 
 
 class RowsRefused(Exception):
@@ -100,6 +104,7 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"vatra-serve-{name}")
         self._gap = math.inf  # moving average of the time between requests, seconds
         self._last: float | None = None
+        self._fill = 1.0  # moving average of requests per batch
 
     async def predict(self, rows: Rows) -> Answer:
         """Queue the rows and wait for their share of a batch."""
@@ -127,6 +132,7 @@ class MicroBatcher:
                     )
                 except Exception as err:  # run_batch catches the model's errors; this is a bug
                     answers = [ModelError(f"batching failed: {_one_line(err)}")] * len(batch)
+                self._fill = 0.9 * self._fill + 0.1 * len(batch)
                 if self._observe is not None:
                     rows = sum(len(r.rows) for r in batch)
                     self._observe(len(batch), rows, loop.time() - started)
@@ -148,8 +154,8 @@ class MicroBatcher:
         while rows < self.max_batch:
             if self._queue.empty():
                 remaining = deadline - loop.time()
-                if remaining <= 0 or self._gap > remaining:  # nobody is likely to come in time
-                    break
+                if remaining <= 0 or self._gap > remaining or self._fill < _WAIT_FILL:
+                    break  # nobody is likely to come in time
                 try:
                     request = await asyncio.wait_for(self._queue.get(), remaining)
                 except TimeoutError:

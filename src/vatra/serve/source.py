@@ -13,7 +13,8 @@ class ServedModel(Protocol):
     ``columns``: the input columns the model takes (requests are checked against them before they
     join a batch, so one bad request cannot fail its batch-mates); ``None``: not checked here."""
 
-    columns: Sequence[str] | None
+    @property
+    def columns(self) -> Sequence[str] | None: ...
 
     def predict(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """One output record per input row, in order (e.g. ``{"prediction": 3, "proba_3": 0.9}``)."""
