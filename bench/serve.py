@@ -1,6 +1,6 @@
 """Serving the digits model: ``vatra model serve``'s micro-batching against a bare FastAPI endpoint.
 
-    python bench/serve.py [--seconds 8] [--clients 1 64]
+    python bench/serve.py [--seconds 5] [--reps 2] [--clients 1 64]
 
 A digits MLP is trained in process (vatra.fit, a few seconds), exported and loaded as a
 ``Predictor``. Each server runs on uvicorn in a thread of this process; the load comes from a
@@ -13,8 +13,10 @@ per request, a random key per request). Rows, at each client count:
 * ``vatra, micro-batching``: the same app at ``--max-batch 64 --max-wait-ms 5``.
 
 All three call the same ``PredictorModel.predict``. The vatra rows also write predictions.jsonl and
-Prometheus metrics. Reported: requests/s, latency p50/p99, rows per model call. Server and load
-generator share the machine's cores: ratios, not absolute figures, are the result.
+Prometheus metrics. Each server is measured ``--reps`` times, the order rotated rep by rep so that
+machine noise hits each alike; reported: the median rep's requests/s, latency p50/p99 and rows per
+model call. Server and load generator share the machine's cores: ratios, not absolute figures, are
+the result.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,7 +115,8 @@ def measure(app: Any, clients: int, seconds: float, rows_file: Path) -> dict[str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_:
@@ -126,17 +130,27 @@ def main() -> None:
             "vatra, max-batch 1": lambda: vatra_app(model, 1, tmp / "log1"),
             "vatra, micro-batching": lambda: vatra_app(model, 64, tmp / "log64"),
         }
-        results = []
-        for clients in args.clients:
-            for name, make in servers.items():
-                r = measure(make(), clients, args.seconds, rows_file)
-                results.append({"server": name, **r})
-                print(f"{name:24s} clients={clients:3d} {r['rps']:8.1f} req/s", flush=True)
-    rows = [
+        names = list(servers)
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for rep in range(args.reps):
+            for clients in args.clients:
+                for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                    r = measure(servers[name](), clients, args.seconds, rows_file)
+                    runs.setdefault((name, clients), []).append(r)
+                    print(f"rep {rep}: {name:24s} clients={clients:3d} {r['rps']:8.1f} req/s", flush=True)
+    results = []
+    for (name, _), reps in sorted(runs.items(), key=lambda kv: (kv[0][1], names.index(kv[0][0]))):
+        median = sorted(reps, key=lambda r: r["rps"])[len(reps) // 2]
+        spread = [round(r["rps"], 1) for r in reps]
+        results.append(
+            {"server": name, **median, "rps_reps": spread, "rps_median": statistics.median(spread)}
+        )
+    table = [
         [
             r["server"],
             r["clients"],
-            r["rps"],
+            r["rps_median"],
+            "/".join(map(str, r["rps_reps"])),
             r["p50_ms"],
             r["p99_ms"],
             r["rows_per_call"] or 1.0,
@@ -144,8 +158,10 @@ def main() -> None:
         ]
         for r in results
     ]
-    print_table(["server", "clients", "req/s", "p50 ms", "p99 ms", "rows/call", "errors"], rows)
-    write_result("serve", {"seconds": args.seconds, "results": results})
+    print_table(
+        ["server", "clients", "req/s", "reps req/s", "p50 ms", "p99 ms", "rows/call", "errors"], table
+    )
+    write_result("serve", {"seconds": args.seconds, "reps": args.reps, "results": results})
 
 
 if __name__ == "__main__":
