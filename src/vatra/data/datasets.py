@@ -16,6 +16,7 @@ from vatra.data.stratify import bundled_digits, stratified_split
 from vatra.errors import ConfigError
 from vatra.registry import DATASETS, call_with
 
+DIGITS_PIXEL_SCALE = 1.0 / 16.0  # the digits' model inputs: pixel values 0..16 scaled to [0, 1]
 VOCAB_SIZE = 256  # byte-level: every byte value is a token
 _TEXT_TRAIN_SHARE = 0.9
 
@@ -37,7 +38,7 @@ def _to_split(x: np.ndarray, y: np.ndarray) -> Split:
 def digits(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """sklearn's bundled 8x8 digits: 1797 samples, 64 pixels scaled to [0, 1], 10 classes."""
     pixels, target = bundled_digits()
-    x = pixels.astype(np.float32) / 16.0  # pixel values are 0..16
+    x = pixels.astype(np.float32) * np.float32(DIGITS_PIXEL_SCALE)
     x_tr, x_va, y_tr, y_va = _classification_splits(x, target, cfg, ctx.seed)
     spec = DatasetSpec("classification", (64,), 10, (1, 8, 8))
     return Datasets(_to_split(x_tr, y_tr), _to_split(x_va, y_va), spec)

@@ -99,6 +99,12 @@ def _statistics(x: np.ndarray, ctx: DataContext, shape: tuple[int, ...]) -> tupl
     return mean, std
 
 
+def standardized(x: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Float inputs ``(x - mean) / std`` with the saved training statistics (float64): training's
+    and a loaded model's (:mod:`vatra.serve`) one transformation of new samples."""
+    return (x - mean) / std
+
+
 def build_npz(cfg: DataConfig, ctx: DataContext) -> Datasets:
     """Train and val :class:`~vatra.data.Split` of an ``.npz`` file's arrays."""
     arrays = _load(cfg.path)
@@ -126,7 +132,7 @@ def array_datasets(
     shape = tuple(int(d) for d in x_tr.shape[1:])
     if cfg.standardize and x_tr.dtype.kind == "f":
         mean, std = on_rank0(ctx, lambda: _statistics(x_tr, ctx, shape))
-        x_tr, x_va = (x_tr - mean) / std, (x_va - mean) / std
+        x_tr, x_va = standardized(x_tr, mean, std), standardized(x_va, mean, std)
 
     def tensors(x: np.ndarray, y: np.ndarray) -> Split:
         y_dtype: Any = np.int64 if task == "classification" else np.float32

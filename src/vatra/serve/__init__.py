@@ -7,7 +7,8 @@ decoding as a :class:`Predictor`; ``export_run`` writes a self-contained model f
 from __future__ import annotations
 
 from vatra.serve.export import FORMATS, export_run
-from vatra.serve.predict import Predictor, load
+from vatra.serve.loader import load
+from vatra.serve.predict import Predictor
 from vatra.serve.signature import InputError
 
 __all__ = ["FORMATS", "InputError", "Predictor", "export_run", "load"]

@@ -31,6 +31,7 @@ from vatra.serve.folder import (
     WEIGHTS,
     file_sha256,
     load_folder,
+    quiet_deprecations,
 )
 from vatra.serve.lineage import lineage
 from vatra.serve.predict import torch_runner
@@ -85,18 +86,19 @@ def _write_weights(rm: RunModel, fmt: str, path: Path, example: dict[str, np.nda
     wrapped = _Positional(rm.model, "ids" in example).eval()
     args = tuple(torch.from_numpy(v) for v in example.values())
     if fmt == "safetensors":
+        require("safetensors", "serve", "vatra export --format safetensors")
         from safetensors.torch import save_file
 
         save_file({k: v.detach().contiguous() for k, v in rm.model.state_dict().items()}, str(path))
     elif fmt == "torchscript":
-        with torch.no_grad():
+        with torch.no_grad(), quiet_deprecations():
             traced = torch.jit.trace(wrapped, args)
         traced.save(str(path))
     else:
         require("onnx", "onnx", "vatra export --format onnx")
         names = list(example)
         axes = {n: {0: "rows"} for n in [*names, "output"]}
-        with torch.no_grad():
+        with torch.no_grad(), quiet_deprecations():
             torch.onnx.export(
                 wrapped, args, str(path), input_names=names, output_names=["output"],
                 dynamic_axes=axes, dynamo=False,  # the TorchScript exporter: ~0.1 s, the dynamo one ~10 s
@@ -114,7 +116,7 @@ def export_run(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"vatra export --out {out}: exists and is not empty; name a new folder")
     rm = load_run_model(run_dir, version)
-    signature = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name)
+    signature = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name, rm.standardize)
     val = validation_inputs(rm, run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

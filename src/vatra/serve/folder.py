@@ -10,8 +10,11 @@ by ONNX Runtime).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,15 @@ FORMAT = "vatra-model"
 FORMAT_VERSION = 1
 WEIGHTS = {"safetensors": "model.safetensors", "torchscript": "model.pt", "onnx": "model.onnx"}
 PREPROCESS = "preprocess.json"
+
+
+@contextlib.contextmanager
+def quiet_deprecations() -> Iterator[None]:
+    """torch deprecates TorchScript and its ONNX exporter in favour of torch.export: both still
+    work and are what these formats are (the dynamo ONNX exporter takes ~10 s per model here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
 
 
 def file_sha256(path: Path) -> str:
@@ -75,7 +87,8 @@ def load_folder(folder: Path) -> Predictor:
     elif fmt == "torchscript":
         import torch
 
-        model = torch.jit.load(str(weights), map_location="cpu")
+        with quiet_deprecations():
+            model = torch.jit.load(str(weights), map_location="cpu")
         model.eval()
         runner = torch_runner(model, positional=True)
     elif fmt == "onnx":
@@ -89,6 +102,7 @@ def load_folder(folder: Path) -> Predictor:
 
 
 def _safetensors_model(manifest: dict[str, Any], weights: Path) -> Any:
+    require("safetensors", "serve", "loading a safetensors model folder")
     from safetensors.torch import load_file
 
     from vatra.config import config_from_dict

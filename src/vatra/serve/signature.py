@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vatra.data import DatasetSpec
+from vatra.data.datasets import DIGITS_PIXEL_SCALE
+from vatra.data.npz import standardized
 from vatra.data.tabular.files import arrow
+from vatra.data.tabular.preprocess import missing_masks
 from vatra.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,7 +28,8 @@ if TYPE_CHECKING:
     from vatra.data.tabular import Preprocess
 
 Signature = dict[str, Any]
-INPUT_TRANSFORMS = {"digits": 1.0 / 16.0}  # built-in sources whose model inputs are scaled raw values
+# built-in sources whose model inputs are scaled raw values: the same scale training applied
+INPUT_TRANSFORMS = {"digits": DIGITS_PIXEL_SCALE}
 
 
 class InputError(ConfigError):
@@ -50,8 +54,14 @@ def output_columns(task: str, targets: list[str], classes: list[Any]) -> list[st
     return ["prediction"]
 
 
-def make_signature(pre: Preprocess | None, spec: DatasetSpec, source: str) -> Signature:
-    """The signature of a model trained on a table (``pre`` fitted) or on tensors (``spec``)."""
+def make_signature(
+    pre: Preprocess | None,
+    spec: DatasetSpec,
+    source: str,
+    standardize: dict[str, list[float]] | None = None,
+) -> Signature:
+    """The signature of a model trained on a table (``pre`` fitted) or on tensors (``spec``;
+    ``standardize``: array inputs' training mean and std, applied to new samples)."""
     classes = classes_of(pre, spec)
     if pre is not None:
         if pre.task == "multitask":
@@ -75,6 +85,7 @@ def make_signature(pre: Preprocess | None, spec: DatasetSpec, source: str) -> Si
         "outputs": output_columns(task, targets, classes),
         "missing_filled": filled,  # data.nan = "mean": missing numbers take the training mean
         "input_scale": INPUT_TRANSFORMS.get(source),
+        "input_standardize": standardize,
     }
 
 
@@ -112,12 +123,12 @@ def as_tensor_rows(data: Any, sig: Signature) -> np.ndarray:
     width = int(np.prod(shape))
     if isinstance(data, list | tuple) or (hasattr(data, "__array__") and not hasattr(data, "columns")):
         try:
-            x = np.asarray(data, dtype=np.float32)
+            x = np.asarray(data, dtype=np.float64)
         except (TypeError, ValueError) as err:
             raise InputError(f"predict: the rows are not numbers: {err}") from None
     else:
         table = as_table(data)
-        x = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), np.float32) for c in table.columns])
+        x = np.column_stack([np.asarray(c.to_numpy(zero_copy_only=False), np.float64) for c in table.columns])
     if x.ndim == 1 and x.size == width:
         x = x[None]
     if x.size == 0 and x.ndim >= 1:
@@ -130,6 +141,11 @@ def as_tensor_rows(data: Any, sig: Signature) -> np.ndarray:
     if not np.isfinite(x).all():
         raise InputError("predict: the rows hold missing or infinite values")
     x = x.reshape(len(x), *shape)
+    if sig.get("input_standardize"):
+        stats = sig["input_standardize"]
+        mean, std = (np.asarray(stats[k], np.float64).reshape(shape) for k in ("mean", "std"))
+        x = standardized(x, mean, std)
+    x = x.astype(np.float32)
     scale = sig.get("input_scale")
     return x * np.float32(scale) if scale else x
 
@@ -155,8 +171,9 @@ def check_rows(table: pa.Table, sig: Signature, unseen: str = "error") -> None:
                     or pa.types.is_decimal(t) or pa.types.is_null(t)):  # fmt: skip
                 raise InputError(f"predict: column {name!r} is {t}, not numeric")
             if not sig.get("missing_filled"):
-                bad = int(pc.sum(pc.is_null(col, nan_is_null=True)).as_py() or 0)
-                if bad:
+                mask = missing_masks(table, [name]).get(name)  # training's own check: one cheap pass
+                if mask is not None:
+                    bad = int(mask.sum())
                     raise InputError(
                         f"predict: column {name!r} has {bad} missing value(s); the model was trained "
                         "without filling them (data.nan = 'mean' fills with the training mean)"

@@ -3,9 +3,10 @@ scored and appended to a Parquet file, in input order, with a progress bar on a 
 
 from __future__ import annotations
 
+import csv
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +39,20 @@ def _kind(path: Path) -> str:
 
 
 def batches(
-    path: Path, batch_rows: int, types: dict[str, Any] | None = None
+    path: Path,
+    batch_rows: int,
+    types: dict[str, Any] | None = None,
+    columns: Collection[str] | None = None,
 ) -> tuple[Iterator[pa.RecordBatch], int | None]:
     """(record batches of at most ``batch_rows`` rows in file order, total rows when known).
-    ``types``: CSV column types (so every block of a CSV reads a column alike)."""
+    ``types``: CSV column types (so every block of a CSV reads a column alike); ``columns``: read
+    only those of them the file has (None: all; an absent one is for the caller to name)."""
     pa = arrow()
     kind = _kind(path)
+
+    def wanted(names: list[str]) -> list[str] | None:
+        return None if columns is None else [c for c in names if c in columns]
+
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -51,25 +60,48 @@ def batches(
             pf = pq.ParquetFile(path)
         except (OSError, pa.ArrowException) as err:
             raise ConfigError(f"predict --data: cannot read {path}: {err}") from None
-        return pf.iter_batches(batch_size=batch_rows), pf.metadata.num_rows
+        picked = wanted(pf.schema_arrow.names)
+        return pf.iter_batches(batch_size=batch_rows, columns=picked), pf.metadata.num_rows
     if kind == "delta":
-        from vatra.data.tables.delta import Table
-
-        dataset = Table.at(str(path)).open().to_pyarrow_dataset()
-        return dataset.to_batches(batch_size=batch_rows), dataset.count_rows()
+        return _delta_batches(path, batch_rows, wanted)
     import pyarrow.csv as pcsv
 
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     try:
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            header = next(csv.reader(f, delimiter=delimiter), [])
+        picked = wanted(header)
         reader = pcsv.open_csv(
             path,
             read_options=pcsv.ReadOptions(block_size=1 << 22),
             parse_options=pcsv.ParseOptions(delimiter=delimiter),
-            convert_options=pcsv.ConvertOptions(column_types=types or {}),
+            convert_options=pcsv.ConvertOptions(
+                column_types=types or {}, include_columns=picked if picked is not None else []
+            ),
         )
     except (OSError, pa.ArrowException) as err:
         raise ConfigError(f"predict --data: cannot read {path}: {err}") from None
     return _rebatch(reader, batch_rows), None
+
+
+def _delta_batches(
+    path: Path, batch_rows: int, wanted: Callable[[list[str]], list[str] | None]
+) -> tuple[Iterator[pa.RecordBatch], int | None]:
+    """The latest version of a Delta table, its files in the order they were added (the order
+    training reads a version in): streamed file by file, or read whole when its files are not
+    plain Parquet (deletion vectors, column mapping)."""
+    import pyarrow.parquet as pq
+
+    from vatra.data.tables.delta import Table, local_files, read_version
+
+    dt = Table.at(str(path)).open()
+    picked = wanted(dt.to_pyarrow_dataset().schema.names)
+    files = local_files(dt)
+    if files is None:
+        return iter(read_version(dt, picked).to_batches(max_chunksize=batch_rows)), None
+    opened = [pq.ParquetFile(f) for f in files]
+    rows = sum(f.metadata.num_rows for f in opened)
+    return (b for f in opened for b in f.iter_batches(batch_size=batch_rows, columns=picked)), rows
 
 
 def _rebatch(reader: Any, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -122,7 +154,10 @@ def predict_file(
 
     if batch_rows < 1:
         raise ConfigError(f"predict --batch-rows {batch_rows}: give 1 or more")
-    it, total = batches(data, batch_rows, csv_types(predictor))
+    needed = None
+    if predictor.preprocess is not None:  # a table model reads its input columns and the kept ones
+        needed = {*(i["name"] for i in predictor.signature["inputs"]), *keep}
+    it, total = batches(data, batch_rows, csv_types(predictor), needed)
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + ".part")
     show = sys.stderr.isatty() if progress is None else progress

@@ -10,6 +10,7 @@ process alike.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ class RunModel:
     model: nn.Module
     spec: DatasetSpec
     preprocess: Preprocess | None
+    standardize: dict[str, list[float]] | None  # array inputs (npz): the training mean and std
     checkpoint: dict[str, Any]  # version, step, time of the checkpoint the weights come from
 
 
@@ -53,15 +55,32 @@ def run_config(run_dir: Path) -> Config:
     return load_config(rd.config)
 
 
-def run_spec(cfg: Config, run_dir: Path) -> tuple[DatasetSpec, Preprocess | None]:
-    """The data spec the run's model was built for, and its fitted table preprocessing if any."""
+def run_spec(
+    cfg: Config, run_dir: Path
+) -> tuple[DatasetSpec, Preprocess | None, dict[str, list[float]] | None]:
+    """The data spec the run's model was built for, and its fitted preprocessing: a table's
+    :class:`Preprocess`, or array inputs' (npz) standardisation statistics."""
     path = run_dir / "data" / "preprocess.json"
-    if path.is_file():
+    saved = _read_json(path) if path.is_file() else None
+    if saved is not None and "format" in saved:
         pre = Preprocess.load(path)
-        return table_spec(pre), pre
+        return table_spec(pre), pre, None
     heads = {name: h.task for name, h in cfg.train.multitask.heads.items()}
     ctx = DataContext(seed=cfg.run.seed, run_dir=run_dir, task=cfg.train.task, head_tasks=heads)
-    return build_dataset(cfg.data, ctx, cfg.train.task).spec, None
+    spec = build_dataset(cfg.data, ctx, cfg.train.task).spec
+    if saved is not None and {"mean", "std"} <= set(saved):
+        return spec, None, {"mean": list(saved["mean"]), "std": list(saved["std"])}
+    return spec, None, None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"vatra.load: cannot read the fitted preprocessing {path}: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"vatra.load: {path} is not a fitted preprocessing")
+    return raw
 
 
 def spec_to_dict(spec: DatasetSpec) -> dict[str, Any]:
@@ -103,7 +122,7 @@ def load_run_model(run_dir: Path, version: str | None = None) -> RunModel:
     """The run's model with the weights of checkpoint ``version`` (a version id, tag or unique
     prefix; default the ``latest`` tag), in eval mode on the CPU."""
     cfg = run_config(run_dir)
-    spec, pre = run_spec(cfg, run_dir)
+    spec, pre, standardize = run_spec(cfg, run_dir)
     model = build_run_model(cfg, spec)
     store = open_store(cfg.store, RunDir(run_dir).checkpoints)
     try:
@@ -124,7 +143,7 @@ def load_run_model(run_dir: Path, version: str | None = None) -> RunModel:
         load_dcp_weights(model, Path(tmp), manifest["version"])
     model.eval()
     info = {k: manifest.get(k) for k in ("version", "step", "time", "world_size")}
-    return RunModel(cfg, model, spec, pre, info)
+    return RunModel(cfg, model, spec, pre, standardize, info)
 
 
 def load_dcp_weights(model: nn.Module, folder: Path, version: str) -> None:
