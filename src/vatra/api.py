@@ -16,7 +16,9 @@ from vatra.asyncrun import fit_async
 from vatra.config import Config, config_from_dict, load_config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.errors import ConfigError
+from vatra.monitor.mlflow_tracking import RUN_ID
 from vatra.serve import Predictor, load
+from vatra.serve.tracking import log_model
 
 __all__ = ["FitResult", "Predictor", "as_config", "fit", "load"]
 
@@ -96,6 +98,8 @@ def fit(
         # Leave together: no rank tears down its connections while a peer is still in a collective.
         # (The abort at exit it was first added for is fixed in dist.release_process_groups.)
         ctx.barrier()
+        if ctx.is_main and RUN_ID in trainer.state.extras:  # monitor.mlflow_uri: the model too
+            log_model(cfg.monitor.mlflow_uri, trainer.state.extras[RUN_ID], rd)
         return FitResult(summary, trainer.model, rd.path)
     finally:
         ctx.destroy()

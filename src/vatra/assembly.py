@@ -25,6 +25,7 @@ from vatra.data.tables.source import check_drift, pin
 from vatra.engine import Plugin
 from vatra.monitor import (
     JsonlWriter,
+    MlflowTracker,
     Monitor,
     ProgressDisplay,
     PrometheusExporter,
@@ -70,6 +71,7 @@ PLUGINS: tuple[Slot, ...] = (
         lambda c, rd: PrometheusExporter(c.monitor),
     ),
     Slot("tracer", lambda c: c.monitor.tracing, lambda c, rd: StepTracer(c.monitor, rd.path)),
+    Slot("mlflow", lambda c: bool(c.monitor.mlflow_uri), lambda c, rd: MlflowTracker(c, rd)),
     # async: the servers keep the model
     Slot(
         "checkpoint",

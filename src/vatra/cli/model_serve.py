@@ -6,10 +6,7 @@ from pathlib import Path
 
 import typer
 
-from vatra.cli.app import app
-
-model_app = typer.Typer(rich_markup_mode=None, help="Registered models: serve them.", no_args_is_help=True)
-app.add_typer(model_app, name="model")
+from vatra.cli.model import KEY_ENV, REGISTRY, model_app, open_registry
 
 
 @model_app.command("serve")
@@ -22,9 +19,8 @@ def model_serve(
     ),
     port: int = typer.Option(8000, "--port", help="Port to listen on (0: a free one, printed)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
-    registry: str = typer.Option(
-        "", "--registry", help="Registry folder or URL (default: $VATRA_REGISTRY, else ./models)."
-    ),
+    registry: str | None = REGISTRY,
+    hmac_key_env: str | None = KEY_ENV,
     log_dir: Path | None = typer.Option(
         None, "--log-dir", help="Where predictions.jsonl and outcomes.jsonl go (default: runs/serve/NAME)."
     ),
@@ -40,7 +36,6 @@ def model_serve(
     new version is loaded in the background and swapped in between batches."""
     from vatra.errors import ConfigError
     from vatra.serve.app import ServeConfig, create_app, load_slots
-    from vatra.serve.registry import Registry, key_from_env
     from vatra.serve.server import bind, run, url
     from vatra.serve.sources import RegistrySource
     from vatra.serve.split import Split
@@ -48,7 +43,7 @@ def model_serve(
     model, _, ref = name.partition("@")
     if ab and ref:
         raise ConfigError(f"give NAME@ALIAS or --ab, not both ({name!r} with --ab {ab!r})")
-    source = RegistrySource(Registry(registry or None, hmac_key=key_from_env()), model)
+    source = RegistrySource(open_registry(registry, hmac_key_env), model)
     split = Split.parse(ab) if ab else Split.single(ref or source.default_ref())
     cfg = ServeConfig(
         split=split,

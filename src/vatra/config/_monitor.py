@@ -77,6 +77,16 @@ class MonitorConfig(Section):
     otlp_endpoint: str = Field(
         "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP endpoint (tracing_exporter = otlp)."
     )
+    mlflow_uri: str = Field(
+        "",
+        description="MLflow tracking URI (sqlite:///mlflow.db, http://host:5000): rank 0 logs the config as "
+        "params, metrics as it trains and the exported model at the end; an MLflow failure is one "
+        "warning line, never a failed run. '' = off.",
+    )
+    mlflow_experiment: str = Field("vatra", description="MLflow experiment the run is logged under.")
+    mlflow_every_s: float = Field(
+        10.0, ge=0.0, description="Seconds between batches of metrics sent to MLflow (0 = every step)."
+    )
     report: bool = Field(True, description="Write report.html into the run folder at the end of a run.")
 
 

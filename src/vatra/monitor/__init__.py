@@ -5,6 +5,7 @@ from vatra.monitor.autoencoder import AutoencoderDetector
 from vatra.monitor.ensemble import FEATURES, Alarm, Ensemble
 from vatra.monitor.exporters import PrometheusExporter, StepTracer
 from vatra.monitor.iforest import IsolationForestDetector
+from vatra.monitor.mlflow_tracking import MlflowTracker
 from vatra.monitor.plugin import Monitor
 from vatra.monitor.progress import ProgressDisplay
 from vatra.monitor.writers import JsonlWriter, TensorBoardWriter
@@ -18,6 +19,7 @@ __all__ = [
     "Ensemble",
     "IsolationForestDetector",
     "JsonlWriter",
+    "MlflowTracker",
     "Monitor",
     "ProgressDisplay",
     "PrometheusExporter",

@@ -11,8 +11,9 @@ subclasses :class:`StoreBackendContract` in a pytest module and provides a ``bac
             return MyBackend(str(tmp_path / "store"))
 
 Every test then runs on it: a version round trip with checksums, the fallback past a corrupt object,
-rollback by moving ``latest``, garbage collection, content-addressed objects stored once, and an
-empty store. pytest is needed only to run the suite (``pip install vatra[dev]``).
+rollback by moving ``latest``, garbage collection, content-addressed objects stored once, an
+empty store, and create-if-absent (where the backend offers it: the model registry's alias
+history). pytest is needed only to run the suite (``pip install vatra[dev]``).
 """
 
 from __future__ import annotations
@@ -104,3 +105,13 @@ class StoreBackendContract:
     def test_an_empty_store_has_nothing_to_load(self, store: CheckpointStore, tmp_path: Path) -> None:
         assert store.load_verified(tmp_path / "x") is None
         assert store.versions() == []
+
+    def test_create_writes_a_key_only_when_it_is_absent(self, backend: StoreBackend) -> None:
+        try:
+            first = backend.create("log/0000.json", b"first")
+        except StoreError:
+            pytest.skip(f"{backend.describe()} offers no create-if-absent (the model registry refuses it)")
+        assert first is True
+        assert backend.create("log/0000.json", b"second") is False
+        assert backend.get("log/0000.json") == b"first"
+        assert backend.keys("log/") == ["log/0000.json"]  # no temporary file left behind

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vatra.serve.predict import Predictor, load
+from vatra.serve.loader import load
+from vatra.serve.predict import Predictor
 
 if TYPE_CHECKING:
     from vatra.serve.registry import Registry

@@ -13,6 +13,7 @@ records by their content id (and signature with a key), alias records by signatu
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -45,6 +46,14 @@ REGISTRY_ENV = "VATRA_REGISTRY"
 KEY_ENV = "VATRA_REGISTRY_HMAC_KEY_ENV"  # names the variable holding the key (never the key itself)
 CACHE_ENV = "VATRA_CACHE_DIR"
 STREAM_ABOVE = 64 << 20  # files larger than this are copied and streamed into the store, not read whole
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def default_uri() -> str:
@@ -118,14 +127,15 @@ class Registry:
         paths = sorted(p for p in root.rglob("*") if p.is_file())
         if not paths:
             raise RegistryUsageError(f"{folder}: no files to register")
-        files = {}
-        for path in paths:
-            rel = check_name(path.relative_to(root).as_posix(), f"{folder}: file")
-            files[rel] = self._put(path)
+        local = {check_name(p.relative_to(root).as_posix(), f"{folder}: file"): p for p in paths}
+        files = {rel: {"sha256": _file_sha256(p), "size": p.stat().st_size} for rel, p in local.items()}
         version = content_id(files, meta)
         existing = self._find(name, version)
-        if existing is not None:
+        if existing is not None:  # the same content: nothing is uploaded again
             return existing
+        for rel, path in local.items():
+            if self._put(path) != files[rel]:
+                raise RegistryUsageError(f"{folder}: {rel} changed while it was being registered; try again")
         newest = self.versions(name)
         mv = ModelVersion(
             name, version, files, meta, newest[-1].id if newest else None, current_user(), time.time()
@@ -204,8 +214,16 @@ class Registry:
         except StoreError as err:
             shutil.rmtree(staging, ignore_errors=True)
             raise RegistryError(f"{mv.ref}: {err}; this version is refused") from None
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staging, dest)
+        if dest.is_dir():  # a damaged copy: moved aside first, so the rename below cannot merge into it
+            old = dest.with_name(f"{mv.id}.tmp-{uuid.uuid4().hex[:8]}")
+            os.replace(dest, old)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(staging, dest)
+        except OSError:  # another process put its copy there first: use it, if intact
+            shutil.rmtree(staging, ignore_errors=True)
+            if not (dest.is_dir() and self._intact(dest, mv)):
+                raise RegistryError(f"{mv.ref}: cannot place the version in the cache at {dest}") from None
         return dest
 
     @staticmethod
@@ -213,7 +231,7 @@ class Registry:
         present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
         if present != set(mv.files):
             return False
-        return all(sha256((folder / n).read_bytes()) == e["sha256"] for n, e in mv.files.items())
+        return all(_file_sha256(folder / n) == e["sha256"] for n, e in mv.files.items())
 
     # ------------------------------------------------------------------ aliases
     def aliases(self, name: str) -> dict[str, str]:
