@@ -111,6 +111,7 @@ def test_predict_routes_by_key_and_logs_each_row(tmp_path: Path) -> None:
             client.post("/predict", json={"rows": rows(2, i), "key": f"u{i % 100}"}) for i in range(300)
         ]
         again = client.post("/predict", json={"rows": rows(1), "key": "u7"}).json()
+        metrics = client.get("/metrics").text
     assert all(r.status_code == 200 for r in answers)
     body = [r.json() for r in answers]
     by_key = {f"u{i % 100}": b["variant"] for i, b in enumerate(body)}
@@ -128,6 +129,15 @@ def test_predict_routes_by_key_and_logs_each_row(tmp_path: Path) -> None:
     assert len(log) == 601 and {r["id"] for r in log} >= set(body[0]["ids"])
     assert set(log[0]) == {"id", "t", "variant", "version", "key", "latency_ms", "error"}
     assert not any(r["error"] for r in log)
+    n = Counter(b["variant"] for b in body)
+    for variant in ("champion", "challenger"):  # the answered requests, their rows, their latencies
+        k = n[variant] + (variant == by_key["u7"])
+        assert f'vatra_serve_requests_total{{variant="{variant}"}} {float(k)}' in metrics
+        assert (
+            f'vatra_serve_rows_total{{variant="{variant}"}} {float(2 * n[variant] + (k - n[variant]))}'
+            in metrics
+        )
+        assert f'vatra_serve_latency_seconds_count{{variant="{variant}"}} {float(k)}' in metrics
 
 
 def test_concurrent_requests_share_model_calls(tmp_path: Path) -> None:
