@@ -19,7 +19,9 @@ from torch import nn
 
 from vatra.errors import ConfigError
 from vatra.serve.app import ServeConfig, create_app, load_slots
+from vatra.serve.batcher import Answer, ModelError, RowsRefused, run_batch
 from vatra.serve.server import running
+from vatra.serve.source import Slot
 from vatra.serve.split import Split
 
 
@@ -35,6 +37,8 @@ class TinyModel:
 
     def predict(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.calls.append(len(rows))
+        if any(r["x0"] == 999 for r in rows):
+            raise RuntimeError("the model broke\nwith a second line")
         x = torch.tensor([[r["x0"], r["x1"]] for r in rows], dtype=torch.float32)  # (N, 2)
         with torch.no_grad():
             proba = self.net(x).softmax(dim=1)  # (N, 3)
@@ -251,25 +255,34 @@ def test_bad_requests_get_4xx_with_one_line_reasons(tmp_path: Path) -> None:
     ]
 
 
-def test_a_request_the_model_refuses_fails_alone(tmp_path: Path) -> None:
+def test_a_request_the_model_refuses_or_fails_on_fails_alone(tmp_path: Path) -> None:
     source = TinySource({"champion": "v1"})
 
     async def fire(base: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-            bad = [{"x0": "high", "x1": 1}]  # torch.tensor refuses a string: the model raises
-            requests = [
-                client.post("/predict", json={"rows": bad if i == 3 else rows(1, i)}) for i in range(8)
-            ]
+            bad = {3: [{"x0": "high", "x1": 1}], 5: [{"x0": 999, "x1": 1}]}  # a TypeError, a RuntimeError
+            requests = [client.post("/predict", json={"rows": bad.get(i, rows(1, i))}) for i in range(8)]
             return await asyncio.gather(*requests)
 
     cfg = ServeConfig(split=Split.single("champion"), log_dir=tmp_path, max_wait_ms=200)
     app = create_app(source, cfg, load_slots(source, cfg.split), log=lambda line: None)
     with running(app) as base:
         answers = asyncio.run(fire(base))
-    assert [r.status_code for r in answers] == [200, 200, 200, 422, 200, 200, 200, 200]
+    assert [r.status_code for r in answers] == [200, 200, 200, 422, 200, 500, 200, 200]
     assert "\n" not in answers[3].json()["error"]
+    assert answers[5].json() == {"error": "the model failed: RuntimeError: the model broke"}
     log = jsonl(tmp_path / "predictions.jsonl")
-    assert [r["error"] for r in log].count(True) == 1
+    assert [r["error"] for r in log].count(True) == 2
+
+
+def test_a_failed_batch_is_scored_request_by_request() -> None:
+    model = TinyModel("v1")
+    requests = [rows(2), [{"x0": "high", "x1": 1}], rows(1, 5), [{"x0": 999, "x1": 0}]]
+    answers = run_batch(Slot("v1", model), requests)
+    assert model.calls == [5, 2, 1, 1, 1]  # the batch, then each request alone
+    assert isinstance(answers[0], Answer) and isinstance(answers[2], Answer)
+    assert answers[0].outputs == TinyModel("v1").predict(rows(2))
+    assert isinstance(answers[1], RowsRefused) and isinstance(answers[3], ModelError)
 
 
 def test_arrow_in_arrow_out_and_restart_keeps_outcome_ids(tmp_path: Path) -> None:
