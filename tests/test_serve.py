@@ -58,6 +58,8 @@ class TinySource:
 
     def load(self, ref: str, version: str) -> TinyModel:
         time.sleep(self.load_s)
+        if version == "v0":
+            raise OSError("weights file truncated")
         self.models[version] = TinyModel(version)
         return self.models[version]
 
@@ -209,6 +211,23 @@ def test_hot_swap_under_load_answers_every_request(tmp_path: Path) -> None:
     assert 'vatra_serve_swaps_total{variant="champion"} 1.0' in metrics
     assert 'vatra_serve_version{variant="champion",version="v2"} 1.0' in metrics
     assert 'version="v1"' not in metrics
+
+
+def test_a_version_that_fails_to_load_is_logged_once_and_the_old_one_serves(tmp_path: Path) -> None:
+    source = TinySource({"champion": "v1"})
+    lines: list[str] = []
+    cfg = ServeConfig(split=Split.single("champion"), log_dir=tmp_path, poll_s=0.02)
+    app = create_app(source, cfg, load_slots(source, cfg.split), log=lines.append)
+    with running(app) as base, httpx.Client(base_url=base) as client:
+        source.aliases["champion"] = "v0"  # a broken version
+        time.sleep(0.3)  # ~15 polls
+        during = client.post("/predict", json={"rows": rows(1)}).json()["version"]
+        source.aliases["champion"] = "v2"  # the alias moves on
+        deadline = time.monotonic() + 10
+        while client.post("/predict", json={"rows": rows(1)}).json()["version"] != "v2":
+            assert time.monotonic() < deadline
+    assert during == "v1"
+    assert lines == ["champion: keeps serving v1: weights file truncated", "champion: swapped v1 -> v2"]
 
 
 def test_bad_requests_get_4xx_with_one_line_reasons(tmp_path: Path) -> None:

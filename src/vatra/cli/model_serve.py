@@ -34,12 +34,15 @@ def model_serve(
     """Serve a registered model: POST /predict (JSON rows or Arrow), POST /outcome, GET /metrics
     (Prometheus) and GET /healthz. Concurrent requests share model calls; when an alias moves, the
     new version is loaded in the background and swapped in between batches."""
+    from vatra._extras import check
     from vatra.errors import ConfigError
     from vatra.serve.app import ServeConfig, create_app, load_slots
     from vatra.serve.server import bind, run, url
     from vatra.serve.sources import RegistrySource
     from vatra.serve.split import Split
 
+    for module in ("fastapi", "uvicorn"):  # before a model is fetched and loaded
+        check(module, "serve", "vatra model serve")
     model, _, ref = name.partition("@")
     if ab and ref:
         raise ConfigError(f"give NAME@ALIAS or --ab, not both ({name!r} with --ab {ab!r})")
