@@ -1,6 +1,6 @@
 """Serving the digits model: ``vatra model serve``'s micro-batching against a bare FastAPI endpoint.
 
-    python bench/serve.py [--seconds 5] [--reps 2] [--clients 1 64]
+    python bench/serve.py [--seconds 5] [--reps 2] [--clients 1 64] [--threads N]
 
 A digits MLP is trained in process (vatra.fit, a few seconds), exported and loaded as a
 ``Predictor``. Each server runs on uvicorn in a thread of this process; the load comes from a
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 from pydantic import BaseModel
 
 import vatra
@@ -118,7 +119,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # process-wide: every server below runs with it
     with tempfile.TemporaryDirectory() as tmp_:
         tmp = Path(tmp_)
         model = train(tmp)
@@ -161,7 +165,10 @@ def main() -> None:
     print_table(
         ["server", "clients", "req/s", "reps req/s", "p50 ms", "p99 ms", "rows/call", "errors"], table
     )
-    write_result("serve", {"seconds": args.seconds, "reps": args.reps, "results": results})
+    threads = torch.get_num_threads()
+    write_result(
+        "serve", {"seconds": args.seconds, "reps": args.reps, "torch_threads": threads, "results": results}
+    )
 
 
 if __name__ == "__main__":

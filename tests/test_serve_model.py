@@ -90,7 +90,7 @@ def test_vatra_model_serve_command(digits_registry: tuple[Path, Path, list[str]]
     Registry(where).promote("digits", ids[0], "champion", "the command serves the first version")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "VATRA_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "vatra", "model", "serve", "digits", "--registry", str(where), "--port", "0"]
-    cmd += ["--ab", "champion=0.5,latest=0.5", "--log-dir", str(tmp_path / "log")]
+    cmd += ["--ab", "champion=0.5,latest=0.5", "--log-dir", str(tmp_path / "log"), "--threads", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
@@ -120,6 +120,7 @@ def test_bad_serve_options_are_one_line(
         (["--ab", "champion=lots"], "alias=weight"),
         (["--ab", "champion=1,nosuch=1"], "nosuch"),
         (["--max-batch", "0"], "--max-batch"),
+        (["--threads", "-1"], "--threads"),
     ]:
         code, _, err = vatra_in_process(capsys, "model", "serve", "digits", "--registry", where, *args)
         assert code == 2 and err.startswith("error: ") and reason in err and err.count("\n") == 1, err

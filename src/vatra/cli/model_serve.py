@@ -30,6 +30,9 @@ def model_serve(
     ),
     max_body_mb: float = typer.Option(16.0, "--max-body-mb", help="Larger request bodies are refused (413)."),
     poll_s: float = typer.Option(1.0, "--poll-s", help="How often each alias is checked for a new version."),
+    threads: int = typer.Option(
+        0, "--threads", help="PyTorch threads per model call (0: PyTorch's default; 1 suits small models)."
+    ),
 ) -> None:
     """Serve a registered model: POST /predict (JSON rows or Arrow), POST /outcome, GET /metrics
     (Prometheus) and GET /healthz. Concurrent requests share model calls; when an alias moves, the
@@ -43,6 +46,12 @@ def model_serve(
 
     for module in ("fastapi", "uvicorn"):  # before a model is fetched and loaded
         check(module, "serve", "vatra model serve")
+    if threads < 0:
+        raise ConfigError(f"--threads must be 0 (PyTorch's default) or more, not {threads}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     model, _, ref = name.partition("@")
     if ab and ref:
         raise ConfigError(f"give NAME@ALIAS or --ab, not both ({name!r} with --ab {ab!r})")
