@@ -230,6 +230,20 @@ def test_a_version_that_fails_to_load_is_logged_once_and_the_old_one_serves(tmp_
     assert lines == ["champion: keeps serving v1: weights file truncated", "champion: swapped v1 -> v2"]
 
 
+def arrow_bomb() -> bytes:
+    """A zstd-compressed Arrow stream of a few KiB that expands to 8 MB of zeros."""
+    import pyarrow as pa
+
+    table = pa.table({"x0": pa.array([0.0] * 1_000_000), "x1": pa.array([0.0] * 1_000_000)})
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    assert len(body) < 4096
+    return bytes(body)
+
+
 def test_bad_requests_get_4xx_with_one_line_reasons(tmp_path: Path) -> None:
     source = TinySource({"champion": "v1"})
     arrow_garbage = {"content-type": "application/vnd.apache.arrow.stream"}
@@ -250,6 +264,12 @@ def test_bad_requests_get_4xx_with_one_line_reasons(tmp_path: Path) -> None:
             "bad key": (client.post("/predict", json={"rows": rows(1), "key": [1]}), 400, "key"),
             "too large": (client.post("/predict", json={"rows": rows(200)}), 413, "limit of 4096 bytes"),
             "bad arrow": (client.post("/predict", content=b"\xff" * 64, headers=arrow_garbage), 400, "Arrow"),
+            "deep JSON": (client.post("/predict", content=b"[" * 4000), 400, "too deeply"),
+            "arrow bomb": (
+                client.post("/predict", content=arrow_bomb(), headers=arrow_garbage),
+                413,
+                "expands",
+            ),
             "unknown id": (
                 client.post("/outcome", json={"id": "nope", "value": 1}),
                 404,

@@ -44,6 +44,8 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise BadRequest(f"the body is not JSON ({err}); send a JSON object") from None
+    except RecursionError:
+        raise BadRequest("the body nests JSON too deeply; send a flat object of rows") from None
 
 
 def _key(value: Any) -> str | None:
@@ -73,12 +75,23 @@ def json_rows(body: bytes) -> tuple[list[dict[str, Any]], str | None]:
     return rows, _key(payload.get("key"))
 
 
-def arrow_rows(body: bytes) -> list[dict[str, Any]]:
-    """An Arrow IPC stream → rows (validated in full before anything reads it)."""
+def arrow_rows(body: bytes, limit: int) -> list[dict[str, Any]]:
+    """An Arrow IPC stream → rows, each batch validated in full before anything reads it. A
+    compressed stream may expand far beyond its body: reading stops (413) once the batches
+    decoded so far hold more than ``limit`` bytes."""
     pa = require("pyarrow", "serve", "Arrow requests")
+    batches, size = [], 0
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-        table.validate(full=True)
+        reader = pa.ipc.open_stream(pa.py_buffer(body))
+        for batch in reader:
+            batch.validate(full=True)
+            size += batch.nbytes
+            if size > limit:
+                raise BadRequest(
+                    f"the Arrow stream expands to over {limit} bytes: send fewer rows per request", 413
+                )
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
     except (pa.ArrowException, OSError, ValueError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise BadRequest(f"the body is not a valid Arrow IPC stream: {message}") from None
