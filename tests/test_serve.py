@@ -262,6 +262,11 @@ def test_bad_requests_get_4xx_with_one_line_reasons(tmp_path: Path) -> None:
             ),
             "object value": (client.post("/predict", json={"rows": [{"x0": {}, "x1": 2}]}), 422, "object"),
             "bad key": (client.post("/predict", json={"rows": rows(1), "key": [1]}), 400, "key"),
+            "long key": (
+                client.post("/predict", json={"rows": rows(1), "key": "k" * 300}),
+                400,
+                "at most 256",
+            ),
             "too large": (client.post("/predict", json={"rows": rows(200)}), 413, "limit of 4096 bytes"),
             "bad arrow": (client.post("/predict", content=b"\xff" * 64, headers=arrow_garbage), 400, "Arrow"),
             "deep JSON": (client.post("/predict", content=b"[" * 4000), 400, "too deeply"),

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 ARROW = "application/vnd.apache.arrow.stream"
+MAX_KEY = 256
 _VALUES = (str, int, float, bool, type(None), list)  # a list: a tensor model's row
 
 
@@ -48,12 +49,15 @@ def _json(body: bytes) -> Any:
         raise BadRequest("the body nests JSON too deeply; send a flat object of rows") from None
 
 
-def _key(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
+def request_key(value: Any) -> str | None:
+    """A request's key (a string or an integer; logged with every row, so at most MAX_KEY long)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise BadRequest(f"key must be a string or an integer, not {type(value).__name__}")
+        value = str(value)
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"key must be a string or an integer, not {type(value).__name__}")
+    if value is not None and len(value) > MAX_KEY:
+        raise BadRequest(f"key is {len(value)} characters long; at most {MAX_KEY}")
+    return value
 
 
 def json_rows(body: bytes) -> tuple[list[dict[str, Any]], str | None]:
@@ -72,7 +76,7 @@ def json_rows(body: bytes) -> tuple[list[dict[str, Any]], str | None]:
                     " booleans, null or (for a tensor input) lists of numbers",
                     422,
                 )
-    return rows, _key(payload.get("key"))
+    return rows, request_key(payload.get("key"))
 
 
 def arrow_rows(body: bytes, limit: int) -> list[dict[str, Any]]:

@@ -147,7 +147,7 @@ def create_app(
             body = await rq.read_body(request, cfg.max_body_bytes)
             if content_type == rq.ARROW:
                 rows = rq.arrow_rows(body, 8 * cfg.max_body_bytes)
-                key = request.headers.get("x-request-key") or request.query_params.get("key")
+                key = rq.request_key(request.headers.get("x-request-key") or request.query_params.get("key"))
             else:
                 rows, key = rq.json_rows(body)
         except rq.BadRequest as err:
