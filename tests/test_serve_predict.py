@@ -17,7 +17,8 @@ import vatra
 from vatra.data import DataContext, build_dataset
 from vatra.data.stratify import bundled_digits, stratified_split
 from vatra.errors import ConfigError
-from vatra.serve import InputError
+from vatra.serve import InputError, export_run
+from vatra.serve.stream import predict_file
 
 N_ROWS = 400
 
@@ -134,6 +135,39 @@ def test_streamed_predict_keeps_row_order_across_batches(tabular: Any, tmp_path:
     np.testing.assert_allclose(got.column("proba_yes").to_numpy(), whole["proba_yes"].to_numpy(), rtol=1e-6)
 
 
+def test_the_progress_bar_leaves_the_output_alone(tabular: Any, tmp_path: Path) -> None:
+    run, table, _ = tabular
+    pq.write_table(table, tmp_path / "rows.parquet")
+    predictor = vatra.load(run)
+    shown = predict_file(
+        predictor, tmp_path / "rows.parquet", tmp_path / "a.parquet", batch_rows=50, progress=True
+    )
+    quiet = predict_file(
+        predictor, tmp_path / "rows.parquet", tmp_path / "b.parquet", batch_rows=50, progress=False
+    )
+    assert shown["rows"] == quiet["rows"] == N_ROWS
+    assert pq.read_table(tmp_path / "a.parquet").equals(pq.read_table(tmp_path / "b.parquet"))
+
+
+def test_a_delta_runs_lineage_names_the_table_and_its_pinned_version(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+
+    table = _table(200)
+    write_deltalake(str(tmp_path / "lake"), table.slice(0, 100))
+    write_deltalake(str(tmp_path / "lake"), table.slice(100), mode="append")  # version 1: the latest
+    cfg = _config(tmp_path / "lake", tmp_path / "runs")
+    cfg["data"]["name"] = "delta"
+    cfg["train"]["steps"] = 3
+    predictor = vatra.load(vatra.fit(cfg).run_dir)
+    assert predictor.meta["data"] == {
+        "name": "delta",
+        "path": str(tmp_path / "lake"),
+        "table": str(tmp_path / "lake"),
+        "version": 1,
+    }
+    assert predictor.meta["checkpoint"]["step"] == 3 and predictor.meta["metrics"]["steps"] == 3
+
+
 def test_predict_cli_refuses_bad_input_with_exit_2(tabular: Any, tmp_path: Path, capsys: Any) -> None:
     run, table, _ = tabular
     pq.write_table(table.drop_columns(["a"]), tmp_path / "bad.parquet")
@@ -186,6 +220,10 @@ def test_a_digits_run_predicts_rows_of_64_pixels(tmp_path: Path) -> None:
     assert one["prediction"].tolist() == out["prediction"].tolist()[:1]
     with pytest.raises(InputError, match="must hold 64 values"):
         predictor.predict(np.zeros((2, 63)))
+    for fmt, tol in (("torchscript", 1e-6), ("onnx", 1e-4)):  # the serving benchmark's model, exported
+        exported = vatra.load(export_run(result.run_dir, tmp_path / fmt, fmt)).predict(pixels[val])
+        assert exported["prediction"].tolist() == out["prediction"].tolist()
+        np.testing.assert_allclose(exported["proba_3"], out["proba_3"], rtol=0, atol=tol)
 
 
 def test_regression_values_come_back_in_the_targets_units(tmp_path: Path) -> None:
@@ -289,3 +327,16 @@ def test_multilabel_and_ranking_outputs(tmp_path: Path, task: str) -> None:
     else:
         assert list(out.columns) == ["prediction"]  # one score per row: sort a list's rows by it
         np.testing.assert_allclose(out["prediction"], raw[:, 0], rtol=1e-6)
+
+
+def test_a_bad_cell_deep_in_a_large_csv_is_one_line(tabular: Any, tmp_path: Path, capsys: Any) -> None:
+    run, _, _ = tabular
+    rows = _table(120_000, seed=6).select(["id", "a", "b", "c"])
+    pcsv.write_csv(rows, tmp_path / "big.csv")
+    with (tmp_path / "big.csv").open("a") as f:
+        f.write("120000,oops,1.0,x\n")  # far past the first block the reader parses when it opens
+    args = ["--data", str(tmp_path / "big.csv"), "--out", str(tmp_path / "p.parquet")]
+    code, _, err = vatra_in_process(capsys, "predict", str(run), *args, "--batch-rows", "1000")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "CSV conversion error to double: invalid value 'oops'" in err
+    assert not (tmp_path / "p.parquet").exists()

@@ -62,9 +62,20 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             f"vatra.load: {folder} was written in model format {manifest.get('format_version')}; this "
             f"vatra reads format {FORMAT_VERSION}: upgrade vatra or export the run again"
         )
-    for name, digest in manifest.get("files", {}).items():
+    files, weights = manifest.get("files"), manifest.get("weights")
+    missing = [k for k in ("spec", "signature", "lineage") if not isinstance(manifest.get(k), dict)]
+    if not isinstance(files, dict) or not isinstance(weights, dict) or missing:
+        raise ConfigError(f"vatra.load: {folder / MANIFEST} lacks its files, weights or {missing}")
+    if weights.get("format") not in WEIGHTS or weights.get("file") != WEIGHTS[weights["format"]]:
+        raise ConfigError(f"vatra.load: {folder / MANIFEST} names unknown weights {weights}")
+    for name in (weights["file"], *((PREPROCESS,) if PREPROCESS in files else ())):
+        if name not in files:
+            raise ConfigError(f"vatra.load: {folder / MANIFEST} has no checksum for {name!r}")
+    for name, digest in files.items():
         path = folder / name
-        if Path(name).name != name or not path.is_file():
+        if not isinstance(name, str) or Path(name).name != name or name != Path(name).as_posix():
+            raise ConfigError(f"vatra.load: {folder / MANIFEST} names a file outside its folder: {name!r}")
+        if not path.is_file():
             raise ConfigError(f"vatra.load: {folder} lacks the file {name!r} its manifest lists")
         if file_sha256(path) != digest:
             raise ConfigError(
@@ -78,7 +89,7 @@ def load_folder(folder: Path) -> Predictor:
     """A predictor from a model folder."""
     manifest = read_manifest(folder)
     fmt = manifest["weights"]["format"]
-    weights = folder / manifest["weights"]["file"]
+    weights = folder / WEIGHTS[fmt]
     pre = Preprocess.load(folder / PREPROCESS) if PREPROCESS in manifest["files"] else None
     model = None
     if fmt == "safetensors":
@@ -87,14 +98,15 @@ def load_folder(folder: Path) -> Predictor:
     elif fmt == "torchscript":
         import torch
 
-        with quiet_deprecations():
-            model = torch.jit.load(str(weights), map_location="cpu")
+        try:
+            with quiet_deprecations():
+                model = torch.jit.load(str(weights), map_location="cpu")
+        except Exception as err:  # a damaged archive: torch raises RuntimeError and others
+            raise _unreadable(weights, err) from None
         model.eval()
         runner = torch_runner(model, positional=True)
-    elif fmt == "onnx":
-        runner = onnx_runner(weights)
     else:
-        raise ConfigError(f"vatra.load: {folder}: unknown weights format {fmt!r}")
+        runner = onnx_runner(weights)
     meta = {"weights": fmt, "folder": str(folder.resolve()), **manifest["lineage"]}
     if manifest.get("check"):
         meta["check"] = manifest["check"]
@@ -111,11 +123,20 @@ def _safetensors_model(manifest: dict[str, Any], weights: Path) -> Any:
     cfg = config_from_dict(dict(manifest["lineage"]["config"]))
     model = build_run_model(cfg, spec_from_dict(manifest["spec"]))
     try:
-        model.load_state_dict(load_file(str(weights)))
-    except (RuntimeError, OSError) as err:
+        tensors = load_file(str(weights))
+    except Exception as err:  # safetensors' own error type for a damaged header
+        raise _unreadable(weights, err) from None
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as err:
         raise ConfigError(f"vatra.load: {weights} does not fit the model its config builds: {err}") from None
     model.eval()
     return model
+
+
+def _unreadable(path: Path, err: BaseException) -> ConfigError:
+    text = " ".join(str(err).split())[:200]
+    return ConfigError(f"vatra.load: cannot read the model weights {path}: {type(err).__name__}: {text}")
 
 
 def onnx_runner(path: Path, threads: int = 0) -> Runner:
@@ -124,7 +145,10 @@ def onnx_runner(path: Path, threads: int = 0) -> Runner:
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own errors for a file that is no ONNX model
+        raise _unreadable(path, err) from None
     names = [i.name for i in session.get_inputs()]
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:

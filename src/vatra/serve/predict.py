@@ -151,8 +151,8 @@ def torch_runner(model: nn.Module, positional: bool = False) -> Runner:
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
         tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
         with torch.inference_mode():
-            if positional:
-                out = model(*tensors.values())
+            if positional:  # traced as forward(x) or forward(x, ids), whatever the dict's order
+                out = model(*(tensors[k] for k in ("x", "ids") if k in tensors))
             else:
                 out = call_model(model, tensors if "ids" in tensors else tensors["x"])
         if not isinstance(out, torch.Tensor):

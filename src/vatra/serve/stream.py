@@ -84,6 +84,16 @@ def batches(
     return _rebatch(reader, batch_rows), None
 
 
+def _guarded(it: Iterator[pa.RecordBatch], path: Path) -> Iterator[pa.RecordBatch]:
+    """``it``, with a read error further into the file (a CSV cell that is no number in a later
+    block, a damaged row group) as one line naming the file."""
+    pa = arrow()
+    try:
+        yield from it
+    except (OSError, pa.ArrowException) as err:
+        raise ConfigError(f"predict --data: cannot read {path}: {' '.join(str(err).split())}") from None
+
+
 def _delta_batches(
     path: Path, batch_rows: int, wanted: Callable[[list[str]], list[str] | None]
 ) -> tuple[Iterator[pa.RecordBatch], int | None]:
@@ -158,6 +168,7 @@ def predict_file(
     if predictor.preprocess is not None:  # a table model reads its input columns and the kept ones
         needed = {*(i["name"] for i in predictor.signature["inputs"]), *keep}
     it, total = batches(data, batch_rows, csv_types(predictor), needed)
+    it = _guarded(it, data)
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + ".part")
     show = sys.stderr.isatty() if progress is None else progress
