@@ -86,6 +86,18 @@ def test_promote_and_rollback_restore_the_exact_weights(tmp_path: Path) -> None:
     assert reg.aliases("m") == {"champion": versions[0].id}
 
 
+def test_registering_again_restores_a_lost_object(tmp_path: Path) -> None:
+    reg = registry(tmp_path)
+    folder = model_folder(tmp_path, b"w" * 1000)
+    mv = reg.register(folder, "m", {})
+    digest = mv.files["weights/model.bin"]["sha256"]
+    (tmp_path / "models" / reg.store.object_key(digest)).unlink()
+    with pytest.raises(RegistryError, match="missing"):
+        reg.resolve("m")
+    assert reg.register(folder, "m", {}) == mv
+    assert digests(reg.resolve("m")) == digests(folder)
+
+
 def test_a_damaged_cached_copy_is_fetched_again(tmp_path: Path) -> None:
     reg = registry(tmp_path)
     mv = reg.register(model_folder(tmp_path, b"w" * 1000), "m", {})

@@ -128,14 +128,19 @@ class Registry:
         if not paths:
             raise RegistryUsageError(f"{folder}: no files to register")
         local = {check_name(p.relative_to(root).as_posix(), f"{folder}: file"): p for p in paths}
-        files = {rel: {"sha256": _file_sha256(p), "size": p.stat().st_size} for rel, p in local.items()}
+        files: dict[str, dict[str, Any]] = {
+            rel: {"sha256": _file_sha256(p), "size": p.stat().st_size} for rel, p in local.items()
+        }
         version = content_id(files, meta)
         existing = self._find(name, version)
-        if existing is not None:  # the same content: nothing is uploaded again
-            return existing
+        stored = existing is not None  # the same content: only objects missing from the store are uploaded
         for rel, path in local.items():
+            if stored and self.backend.exists(self.store.object_key(files[rel]["sha256"])):
+                continue
             if self._put(path) != files[rel]:
                 raise RegistryUsageError(f"{folder}: {rel} changed while it was being registered; try again")
+        if existing is not None:
+            return existing
         newest = self.versions(name)
         mv = ModelVersion(
             name, version, files, meta, newest[-1].id if newest else None, current_user(), time.time()
