@@ -34,9 +34,11 @@ class TinyModel:
         torch.manual_seed(int(version.lstrip("v")))
         self.net = nn.Linear(2, 3)
         self.calls: list[int] = []  # rows per call
+        self.call_s = 0.0  # a model call's time, beyond the arithmetic
 
     def predict(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.calls.append(len(rows))
+        time.sleep(self.call_s)
         if any(r["x0"] == 999 for r in rows):
             raise RuntimeError("the model broke\nwith a second line")
         x = torch.tensor([[r["x0"], r["x1"]] for r in rows], dtype=torch.float32)  # (N, 2)
@@ -157,6 +159,7 @@ def test_concurrent_requests_share_model_calls(tmp_path: Path) -> None:
 
     cfg = ServeConfig(split=Split.single("champion"), log_dir=tmp_path, max_batch=16, max_wait_ms=200)
     app = create_app(source, cfg, load_slots(source, cfg.split), log=lambda line: None)
+    source.models["v1"].call_s = 0.02  # a slow model: requests pile up while it runs, however slow the client
     with running(app) as base:
         answers = asyncio.run(fire(base))
     calls = source.models["v1"].calls
