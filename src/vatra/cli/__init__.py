@@ -8,6 +8,7 @@ from vatra.cli import federated as _federated  # noqa: F401  (registers federate
 from vatra.cli import meta as _meta  # noqa: F401  (registers meta and meta adapt)
 from vatra.cli import model as _model  # noqa: F401  (registers the model registry commands)
 from vatra.cli import model_ab as _model_ab  # noqa: F401  (registers model ab-report)
+from vatra.cli import model_serve as _model_serve  # noqa: F401  (registers model serve)
 from vatra.cli import plan as _plan  # noqa: F401  (registers plan)
 from vatra.cli import predict as _predict  # noqa: F401  (registers predict and export)
 from vatra.cli import report as _report  # noqa: F401  (registers report)
