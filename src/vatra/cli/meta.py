@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,44 +90,84 @@ def meta_adapt(
     ),
     set_: list[str] = typer.Option([], "--set", help="Override a data option of the run: data.key=value."),
     out: Path | None = typer.Option(None, "--out", help="Also write the curve as JSON here."),
+    save: Path | None = typer.Option(
+        None,
+        "--save",
+        help="Also write the model adapted on the largest K (the curve's first draw) as a model "
+        "folder here, for vatra.load, vatra serve and vatra model register.",
+    ),
+    fmt: str = typer.Option(
+        "safetensors", "--format", help="--save's weights format: safetensors, torchscript or onnx."
+    ),
 ) -> None:
     """Fine-tune the meta-learned initialisation on K labelled examples per class of a new task and
     print its accuracy on the remaining rows against K (mean and spread over the repeats)."""
     ks = _shots(shots)
+    if save is not None:
+        from vatra.cli.meta_save import SAVE
+        from vatra.serve.export import check_destination
+
+        check_destination(save, fmt, SAVE)
     cfg = load_config(run / "config.toml", set_) if (run / "config.toml").is_file() else None
     if cfg is None:
         raise ConfigError(f"{run}: no config.toml; pass the run folder of a 'vatra meta' run")
-    from vatra.federated.data import load_source  # torch, the data stack: once the arguments are good
-    from vatra.losses import build_loss
+    from vatra.losses import build_loss  # torch, the data stack: once the arguments are good
     from vatra.meta.adapt import accuracy_curve, load_init, model_spec
-    from vatra.meta.tasks import rows_of
     from vatra.models import build_model
 
     init = load_init(run)
-    train, val, spec = load_source(cfg, data, "--data", run)
+    with tempfile.TemporaryDirectory(prefix="vatra-adapt-") as tmp:
+        task = _read_task(cfg, data, run, Path(tmp))
+        model = build_model(cfg.model, model_spec(init, task.spec), {})
+        loss = build_loss(cfg.train, task.spec)
+        points = accuracy_curve(
+            model, loss, init, task.x, task.y, ks, repeats=repeats, steps=steps, lr=lr, seed=cfg.run.seed
+        )
+        print(
+            f"vatra: {len(task.y)} rows of {data}; accuracy on the rows not drawn, over {repeats} draws per K"
+        )
+        print(f"  K = 0 (the initialisation, not adapted): {points[0].before:.3f}")
+        for p in points:
+            print(f"  K = {p.shots:>3} per class: {p.accuracy:.3f} ± {p.accuracy_std:.3f}")
+        if out is not None:
+            rows: list[dict[str, Any]] = [vars(p) for p in points]
+            out.write_text(json.dumps({"data": data, "curve": rows}, indent=2) + "\n")
+        if save is not None:
+            from vatra.cli.meta_save import save_adapted
+
+            k = max(ks)
+            folder, done = save_adapted(
+                run,
+                task,
+                init,
+                model,
+                loss,
+                shots=k,
+                steps=steps,
+                lr=lr,
+                seed=cfg.run.seed,
+                save=save,
+                fmt=fmt,
+            )
+            print(
+                f"vatra: adapted on {len(done.support)} rows (K = {k} per class, the curve's first draw; "
+                f"accuracy {done.accuracy:.3f} on the other {done.scored}); {fmt} model folder: {folder}"
+            )
+
+
+def _read_task(cfg: Any, data: str, run: Path, tmp: Path) -> Any:
+    """The new data's rows (training split, then validation split), read with the run's data options
+    through a stand-in run folder (the run's own is never written to)."""
+    from vatra.cli.meta_save import NewTask, stand_in
+    from vatra.federated.data import load_source, source_config
+    from vatra.meta.tasks import rows_of
+
+    folder = stand_in(run, tmp)
+    train, val, spec = load_source(cfg, data, "--data", folder)
     parts = [rows_of(d) for d in (train, val) if d is not None]
     x = _cat([p[0] for p in parts])
     y = _concat([p[1] for p in parts])
-    model = build_model(cfg.model, model_spec(init, spec), {})
-    points = accuracy_curve(
-        model,
-        build_loss(cfg.train, spec),
-        init,
-        x,
-        y,
-        ks,
-        repeats=repeats,
-        steps=steps,
-        lr=lr,
-        seed=cfg.run.seed,
-    )
-    print(f"vatra: {len(y)} rows of {data}; accuracy on the rows not drawn, over {repeats} draws per K")
-    print(f"  K = 0 (the initialisation, not adapted): {points[0].before:.3f}")
-    for p in points:
-        print(f"  K = {p.shots:>3} per class: {p.accuracy:.3f} ± {p.accuracy_std:.3f}")
-    if out is not None:
-        rows: list[dict[str, Any]] = [vars(p) for p in points]
-        out.write_text(json.dumps({"data": data, "curve": rows}, indent=2) + "\n")
+    return NewTask(source_config(cfg, data, "--data"), x, y, spec, folder)
 
 
 def _shots(text: str) -> list[int]:

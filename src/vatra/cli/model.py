@@ -83,20 +83,28 @@ def parse_evidence(text: str | None) -> dict[str, Any] | None:
 
 @model_app.command("register")
 def model_register(
-    run_dir: Path = typer.Argument(..., help="Run folder (runs/<run-id>)."),
+    run_dir: Path = typer.Argument(
+        ..., help="Run folder (runs/<run-id>), or a model folder (vatra export, vatra meta adapt --save)."
+    ),
     name: str = typer.Option(..., "--name", help="The model's name in the registry, such as churn."),
     fmt: str = typer.Option(
-        "safetensors", "--format", help="Export format: safetensors, torchscript or onnx."
+        "safetensors",
+        "--format",
+        help="Export format of a run: safetensors, torchscript or onnx (a model folder keeps its own).",
     ),
     registry: str | None = REGISTRY,
     key_env: str | None = KEY_ENV,
 ) -> None:
-    """Export a run's model and store it as an immutable version (the same run registers as the same id)."""
-    from vatra.serve.registry.lineage import register_run
+    """Export a run's model, or take a model folder as it is, and store it as an immutable version
+    (the same run or folder registers as the same id)."""
+    from vatra.serve.registry.lineage import MODEL_MANIFEST, register_folder, register_run
 
     reg = open_registry(registry, key_env)
     before = {v.id for v in reg.versions(name)} if name in reg.names() else set()
-    mv = register_run(reg, run_dir, name, fmt)
+    if (run_dir / MODEL_MANIFEST).is_file():
+        mv = register_folder(reg, run_dir, name)
+    else:
+        mv = register_run(reg, run_dir, name, fmt)
     state = "already registered" if mv.id in before else "registered"
     print(f"{state} {mv.ref} (id {mv.id}) in {reg.uri}")
     print(f"  parent {mv.parent[:12] if mv.parent else '-'}; data {_data(mv)}; metrics {_metrics(mv)}")

@@ -90,6 +90,71 @@ class CurvePoint:
     repeats: int
 
 
+@dataclass
+class Adapted:
+    """One adaptation: the weights after the inner loop on ``support`` (row indices of the new data),
+    and the accuracy on the ``scored`` rows not drawn."""
+
+    weights: dict[str, torch.Tensor]
+    support: np.ndarray
+    accuracy: float
+    scored: int
+
+
+class _NewTask:
+    """The new task ``(x, y)`` ready to adapt to: the initialisation's parameters, LRs and inner
+    loop, and the rows of each class; checks the labels and K against the data."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss: Any,
+        init: dict[str, Any],
+        x: torch.Tensor,
+        y: np.ndarray,
+        shots: list[int],
+        steps: int | None,
+        lr: float | None,
+    ) -> None:
+        self.classes = np.unique(y)
+        ways = int(init["ways"]) or len(self.classes)
+        if len(self.classes) > ways or int(self.classes.max()) >= ways:
+            raise ConfigError(
+                f"the new data has classes {self.classes.tolist()}, but the initialisation was meta-learned "
+                f"for {ways}-way tasks (labels 0..{ways - 1}); give at most {ways} classes, encoded "
+                f"0..{ways - 1}"
+            )
+        self.rows = {int(c): np.flatnonzero(y == c) for c in self.classes}
+        fewest = min(len(r) for r in self.rows.values())
+        too_many = [k for k in shots if k >= fewest]
+        if too_many:
+            raise ConfigError(
+                f"--shots {too_many[0]}: the new data has only {fewest} rows of its smallest class, and "
+                f"some must remain to score; give --shots below {fewest}"
+            )
+        model.load_state_dict(init["weights"])
+        self.x, self.y = x, y
+        self.params = {n: p.detach() for n, p in model.named_parameters()}
+        self.lrs = {n: (torch.tensor(lr) if lr is not None else a) for n, a in init["lrs"].items()}
+        inner = steps if steps is not None else int(init["inner_steps"])
+        self.loop = InnerLoop("maml", inner, tuple(self.lrs), ways)
+        self.task_loss = TaskLoss(model, loss, ways)
+
+    def accuracy(self, params: dict[str, torch.Tensor], rows: np.ndarray | slice) -> float:
+        with torch.no_grad():
+            _, acc = self.task_loss.with_accuracy(params, self.x[rows], torch.as_tensor(self.y[rows]))
+        return float(acc)
+
+    def draw(self, k: int, seed: int, repeat: int) -> Adapted:
+        """Adapt on the ``repeat``-th seeded support set of ``k`` rows per class; score the rest."""
+        rng = np.random.default_rng([seed, k, repeat])
+        support = np.concatenate([rng.choice(self.rows[int(c)], k, replace=False) for c in self.classes])
+        rest = np.setdiff1d(np.arange(len(self.y)), support)
+        sy = torch.as_tensor(self.y[support])
+        fast = adapt(self.task_loss, self.params, self.lrs, self.x[support], sy, self.loop)
+        return Adapted(fast, support, self.accuracy(fast, rest), len(rest))
+
+
 def accuracy_curve(
     model: nn.Module,
     loss: Any,
@@ -104,39 +169,33 @@ def accuracy_curve(
     seed: int = 0,
 ) -> list[CurvePoint]:
     """The curve of accuracy against K (``shots``) on the new task ``(x, y)``: see the module."""
-    classes = np.unique(y)
-    ways = int(init["ways"]) or len(classes)
-    if len(classes) > ways or int(classes.max()) >= ways:
-        raise ConfigError(
-            f"the new data has classes {classes.tolist()}, but the initialisation was meta-learned for "
-            f"{ways}-way tasks (labels 0..{ways - 1}); give at most {ways} classes, encoded 0..{ways - 1}"
-        )
-    rows = {int(c): np.flatnonzero(y == c) for c in classes}
-    fewest = min(len(r) for r in rows.values())
-    too_many = [k for k in shots if k >= fewest]
-    if too_many:
-        raise ConfigError(
-            f"--shots {too_many[0]}: the new data has only {fewest} rows of its smallest class, and some "
-            "must "
-            f"remain to score; give --shots below {fewest}"
-        )
-    model.load_state_dict(init["weights"])
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    lrs = {n: (torch.tensor(lr) if lr is not None else a) for n, a in init["lrs"].items()}
-    loop = InnerLoop("maml", steps if steps is not None else int(init["inner_steps"]), tuple(lrs), ways)
-    task_loss = TaskLoss(model, loss, ways)
-    with torch.no_grad():
-        _, before = task_loss.with_accuracy(params, x, torch.as_tensor(y))
+    task = _NewTask(model, loss, init, x, y, shots, steps, lr)
+    before = task.accuracy(task.params, slice(None))
     points = []
     for k in shots:
-        accs = []
-        for r in range(repeats):
-            rng = np.random.default_rng([seed, k, r])
-            support = np.concatenate([rng.choice(rows[int(c)], k, replace=False) for c in classes])
-            rest = np.setdiff1d(np.arange(len(y)), support)
-            fast = adapt(task_loss, params, lrs, x[support], torch.as_tensor(y[support]), loop)
-            with torch.no_grad():
-                _, acc = task_loss.with_accuracy(fast, x[rest], torch.as_tensor(y[rest]))
-            accs.append(float(acc))
-        points.append(CurvePoint(k, float(np.mean(accs)), float(np.std(accs)), float(before), repeats))
+        accs = [task.draw(k, seed, r).accuracy for r in range(repeats)]
+        points.append(CurvePoint(k, float(np.mean(accs)), float(np.std(accs)), before, repeats))
     return points
+
+
+def adapt_once(
+    model: nn.Module,
+    loss: Any,
+    init: dict[str, Any],
+    x: torch.Tensor,
+    y: np.ndarray,
+    shots: int,
+    *,
+    steps: int | None = None,
+    lr: float | None = None,
+    seed: int = 0,
+) -> Adapted:
+    """``model`` adapted on one support set of ``shots`` rows per class of ``(x, y)``: the curve's
+    first draw at that K (same seed, same rows, same inner loop), its weights loaded into ``model``
+    (buffers as meta-trained) in eval mode."""
+    task = _NewTask(model, loss, init, x, y, [shots], steps, lr)
+    done = task.draw(shots, seed, 0)
+    with torch.no_grad():
+        model.load_state_dict({**init["weights"], **{n: t.detach() for n, t in done.weights.items()}})
+    model.eval()
+    return done

@@ -35,11 +35,12 @@ from vatra.serve.folder import (
 )
 from vatra.serve.lineage import lineage
 from vatra.serve.predict import torch_runner
-from vatra.serve.signature import make_signature
+from vatra.serve.signature import make_signature, output_columns
 from vatra.serve.weights import RunModel, load_run_model, spec_to_dict
 
 CHECK_ROWS = 2048  # validation rows the exported model is compared on
 FORMATS = tuple(WEIGHTS)
+EXPORT = ("vatra export", "--out")
 
 
 class _Positional(nn.Module):
@@ -110,22 +111,64 @@ def export_run(
 ) -> Path:
     """Write the model of ``run_dir`` (checkpoint ``version``, default ``latest``) as a model folder
     ``out_dir`` in weights format ``fmt``; returns the folder. Loadable by ``vatra.load(out_dir)``."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"vatra export --format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    run_dir, out = Path(run_dir), Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"vatra export --out {out}: exists and is not empty; name a new folder")
+    check_destination(out_dir, fmt)
+    run_dir = Path(run_dir)
     rm = load_run_model(run_dir, version)
-    signature = make_signature(rm.preprocess, rm.spec, rm.cfg.data.name, rm.standardize)
     val = validation_inputs(rm, run_dir)
+    return write_folder(rm, out_dir, fmt, lineage(run_dir, rm.cfg, rm.checkpoint), val)
+
+
+def check_destination(out_dir: str | Path, fmt: str, command: tuple[str, str] = EXPORT) -> None:
+    """Refuse an unknown format, or a destination that exists and is not an empty folder, before
+    any work (``command``: the command and its folder option, named in the message)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"{command[0]} --format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{command[0]} {command[1]} {out}: exists and is not empty; name a new folder")
+
+
+def signature_of(rm: RunModel, source: str) -> dict[str, Any]:
+    """The signature of ``rm`` (data source name ``source``); with ``rm.class_outputs`` the
+    classes are the model's first that many outputs (a meta-learned model's task classes)."""
+    signature = make_signature(rm.preprocess, rm.spec, source, rm.standardize)
+    n = rm.class_outputs
+    if n and signature["task"] == "classification":
+        if len(signature["classes"]) < n:
+            raise ConfigError(
+                f"the model's first {n} outputs are its classes, but the data names only "
+                f"{len(signature['classes'])}: {signature['classes']}"
+            )
+        signature["classes"] = signature["classes"][:n]
+        signature["outputs"] = output_columns("classification", signature["targets"], signature["classes"])
+        signature["class_outputs"] = n
+    return signature
+
+
+def write_folder(
+    rm: RunModel,
+    out_dir: str | Path,
+    fmt: str,
+    record: dict[str, Any],
+    check_inputs: dict[str, np.ndarray] | None,
+    source: str | None = None,
+    command: tuple[str, str] = EXPORT,
+) -> Path:
+    """Write ``rm`` as a self-contained model folder ``out_dir`` (weights in ``fmt``, preprocessing,
+    manifest with the lineage ``record``); when ``check_inputs`` are given, the folder is loaded back
+    and its outputs on them compared with the PyTorch model's (kept as the manifest's ``check``).
+    ``source``: the data source's name (default the config's), which sets the inputs' scaling."""
+    check_destination(out_dir, fmt, command)
+    out = Path(out_dir)
+    signature = signature_of(rm, source or rm.cfg.data.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         weights = WEIGHTS[fmt]
-        _write_weights(rm, fmt, tmp / weights, _example(rm, val))
+        _write_weights(rm, fmt, tmp / weights, _example(rm, check_inputs))
         files = [weights]
         if rm.preprocess is not None:
-            shutil.copyfile(run_dir / "data" / PREPROCESS, tmp / PREPROCESS)
+            rm.preprocess.save(tmp / PREPROCESS)
             files.append(PREPROCESS)
         manifest: dict[str, Any] = {
             "format": FORMAT,
@@ -133,13 +176,13 @@ def export_run(
             "weights": {"format": fmt, "file": weights},
             "spec": spec_to_dict(rm.spec),
             "signature": signature,
-            "lineage": lineage(run_dir, rm.cfg, rm.checkpoint),
+            "lineage": record,
             "check": None,
             "files": {name: file_sha256(tmp / name) for name in files},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if val is not None:
-            manifest["check"] = _check(tmp, rm, val)
+        if check_inputs is not None:
+            manifest["check"] = _check(tmp, rm, check_inputs, record.get("adaptation") is not None)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         if out.exists():
             out.rmdir()  # empty, checked above
@@ -149,9 +192,11 @@ def export_run(
     return out
 
 
-def _check(folder: Path, rm: RunModel, val: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The exported model's outputs against the PyTorch model's on the validation rows."""
+def _check(folder: Path, rm: RunModel, val: dict[str, np.ndarray], adapted: bool) -> dict[str, Any]:
+    """The exported model's outputs against the PyTorch model's on the validation rows (an adapted
+    model's: the new data's rows it was not adapted on)."""
     want = torch_runner(rm.model)(val)
     got = load_folder(folder).run(val)
     diff = float(np.max(np.abs(got - want))) if want.size else 0.0
-    return {"rows": len(want), "max_abs_diff": diff, "against": "the PyTorch model on validation rows"}
+    rows = "the new data's rows not in the support set" if adapted else "validation rows"
+    return {"rows": len(want), "max_abs_diff": diff, "against": f"the PyTorch model on {rows}"}

@@ -119,6 +119,8 @@ class Predictor:
         logits = torch.from_numpy(raw)
         task, targets = sig["task"], sig["targets"]
         if task == "classification":
+            if sig.get("class_outputs"):  # a meta-learned model: its first N outputs are the task's classes
+                logits = logits[:, : sig["class_outputs"]]
             proba = torch.softmax(logits, dim=1).numpy()  # (n, C)
             labels = pa.array(sig["classes"]).take(pa.array(logits.argmax(dim=1).numpy()))
             return {"prediction": labels, **{f"proba_{c}": proba[:, j] for j, c in enumerate(sig["classes"])}}

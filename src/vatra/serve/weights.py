@@ -44,6 +44,7 @@ class RunModel:
     preprocess: Preprocess | None
     standardize: dict[str, list[float]] | None  # array inputs (npz): the training mean and std
     checkpoint: dict[str, Any]  # version, step, time of the checkpoint the weights come from
+    class_outputs: int | None = None  # a meta-learned model: its first N outputs are the task's classes
 
 
 def run_config(run_dir: Path) -> Config:

@@ -105,3 +105,35 @@ def register_run(registry: Registry, run_dir: Path, name: str, fmt: str = "safet
     with tempfile.TemporaryDirectory(prefix="vatra-register-") as tmp:
         folder = export_run(run_dir, Path(tmp) / "model", fmt)
         return registry.register(folder, name, run_lineage(run_dir, Path(folder)))
+
+
+def folder_lineage(model_dir: Path) -> dict[str, Any]:
+    """The metadata of a model folder registered as it is (``vatra export``, ``vatra meta adapt
+    --save``): the same fields as :func:`run_lineage`, read from its manifest's lineage (every file
+    checked against its SHA-256 first), plus an adapted model's ``adaptation`` record."""
+    from vatra.errors import ConfigError
+    from vatra.serve.folder import read_manifest
+
+    try:
+        manifest = read_manifest(model_dir)
+    except ConfigError as err:
+        raise RegistryUsageError(str(err).removeprefix("vatra.load: ")) from None
+    found = manifest["lineage"]
+    data = found.get("data") or {}
+    meta = {
+        "run": Path(str(found.get("run") or model_dir)).name,
+        "config": found.get("config") or {},
+        "data": {"name": data.get("name"), "table": data.get("table"), "version": data.get("version")},
+        "metrics": quality_metrics(found.get("metrics") or {}),
+        "signature": manifest["signature"],
+        "format": manifest["weights"]["format"],
+        "code_version": found.get("git_commit"),
+    }
+    if isinstance(found.get("adaptation"), dict):
+        meta["adaptation"] = found["adaptation"]
+    return meta
+
+
+def register_folder(registry: Registry, model_dir: Path, name: str) -> ModelVersion:
+    """Register a model folder as it is, with the lineage its manifest records."""
+    return registry.register(model_dir, name, folder_lineage(model_dir))
