@@ -108,6 +108,15 @@ def test_an_adapted_folder_registers_and_resolves(
     assert mv.meta["adaptation"]["shots"] == 3 and mv.meta["run"] == run.name
     predictor = vatra.load(reg.resolve("site"))
     assert set(predictor.predict(csv)["prediction"]) <= set(NAMES.values())
+    # a folder changed after it was written is refused in one line, never registered
+    manifest = json.loads((tmp_path / "m" / "vatra-model.json").read_text())
+    weights = tmp_path / "m" / manifest["weights"]["file"]
+    weights.write_bytes(weights.read_bytes()[:-8] + bytes(8))
+    code, _, err = vatra_in_process(
+        capsys, "model", "register", str(tmp_path / "m"), "--name", "site", "--registry", registry
+    )
+    assert code == 2 and "does not match its SHA-256" in err and len(err.strip().splitlines()) == 1
+    assert len(reg.versions("site")) == 1
 
 
 def test_a_bad_save_is_one_line_and_writes_nothing(

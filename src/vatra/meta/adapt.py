@@ -5,7 +5,8 @@ new task, and the accuracy curve against K.
 of the run): the model's weights, the inner loop's LRs and what the inner loop adapts. For each K,
 :func:`accuracy_curve` draws ``repeats`` support sets of K rows per class from the new data, adapts
 a copy of the weights with the inner loop (the same steps and LRs as meta-training, unless told
-otherwise) and scores the rows not drawn.
+otherwise) and scores the rows not drawn. :func:`adapt_once` is that curve's first draw at one K,
+its weights kept: the model ``vatra meta adapt --save`` writes.
 """
 
 from __future__ import annotations
