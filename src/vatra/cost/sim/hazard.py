@@ -107,24 +107,31 @@ class HazardModel:
 
         self.clf = LogisticRegression(C=10.0, max_iter=1000)
         self.constant = 0.0
+        self.fitted = False
 
     def fit(self, h: History) -> HazardModel:
-        """Each bin is two weighted rows: k interrupted node-hours and n - k that were not."""
+        """Each bin is two weighted rows: k interrupted node-hours and n - k that were not. A
+        history without an interruption (or with nothing else) cannot be fitted: the model is then
+        the constant (k + 0.5) / (n + 1), and :attr:`fitted` is False."""
+        if h.n.sum() == 0:
+            raise ConfigError("the hazard model has no history: raise world.history_days above 0")
         self.constant = float(h.k.sum() / h.n.sum())
-        if h.k.sum() == 0 or h.k.sum() == h.n.sum():
-            raise ConfigError(
-                "the hazard model's history has no interruption (or only interruptions): lengthen "
-                "world.history_days or raise world.hazard_scale"
-            )
+        self.fitted = 0 < h.k.sum() < h.n.sum()
+        if not self.fitted:
+            self.constant = float((h.k.sum() + 0.5) / (h.n.sum() + 1))
+            return self
         x = np.vstack([h.x, h.x])
         y = np.concatenate([np.ones(len(h.k)), np.zeros(len(h.k))])
         self.clf.fit(x, y, sample_weight=np.concatenate([h.k, h.n - h.k]))
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
+        x = np.atleast_2d(x)
+        if not self.fitted:
+            return np.full(len(x), self.constant)
         # predict_proba's own input checks cost a millisecond a call; the simulation calls it hourly
-        z = np.atleast_2d(x) @ self.clf.coef_[0] + self.clf.intercept_[0]
-        return 1.0 / (1.0 + np.exp(-z))
+        z = x @ self.clf.coef_[0] + self.clf.intercept_[0]
+        return np.asarray(1.0 / (1.0 + np.exp(-z)))
 
 
 def log_loss(p: np.ndarray, h: History) -> float:
