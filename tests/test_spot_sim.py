@@ -27,7 +27,7 @@ from vatra.cost.sim import (
     simulate,
     young_daly,
 )
-from vatra.cost.sim.hazard import base_rate, observe
+from vatra.cost.sim.hazard import History, base_rate, observe
 from vatra.cost.sim.simulate import Setup
 from vatra.cost.sim.synth import synthetic_prices
 from vatra.errors import ConfigError
@@ -105,6 +105,13 @@ def test_hazard_model_beats_a_constant_hazard_on_a_daily_cycle() -> None:
     fitted = log_loss(model.predict(test.x), test)
     constant = log_loss(np.full(len(test.k), model.constant), test)
     assert fitted < constant * 0.97, (fitted, constant)
+
+
+def test_a_history_without_interruptions_gives_a_constant_hazard() -> None:
+    # 2 bins of 10 node-hours, no interruption: nothing to fit; the constant is (0 + 0.5) / (20 + 1).
+    quiet = History(np.zeros((2, 4)), np.zeros(2), np.full(2, 10.0))
+    model = HazardModel().fit(quiet)
+    assert not model.fitted and model.predict(np.ones((3, 4))).tolist() == [0.5 / 21] * 3
 
 
 def read_prices_from(history: dict[str, list[dict[str, str]]]) -> PriceTrace:
@@ -191,18 +198,23 @@ def test_bad_files_fail_with_file_row_and_field(tmp_path: Path, name: str, text:
 
 
 def test_job_times_are_measured_from_a_run_folder(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    run = tmp_path / "run-20261205"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"steps": 200, "wall_s": 50.0, "checkpoint_s": 3.0}))
     lines = [{"event": "checkpoint_saved"}] * 3 + [{"event": "resumed", "recovery_s": 4.0}]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     sim = tmp_path / "sim.toml"
-    sim.write_text(
-        '[job]\ntotal_steps = 10\nmeasure_from = "run"\n[fleet]\non_demand_usd_per_h = 1\nmax_nodes = 2\n'
-    )
+    fleet = "[fleet]\non_demand_usd_per_h = 1\nmax_nodes = 2\n"
+    sim.write_text('[job]\ntotal_steps = 10\nmeasure_from = "run-20261205"\n' + fleet)
     job = load_sim_config(sim).job
     assert (job.step_s, job.checkpoint_s, job.restore_s) == (0.25, 1.0, 4.0)
-    sim.write_text("[job]\ntotal_steps = 10\nstep_s = 1\n[fleet]\non_demand_usd_per_h = 1\nmax_nodes = 2\n")
+    # A training config stands for its newest finished run under <run.out_dir>/<run.name>-*.
+    train = tmp_path / "train.toml"
+    train.write_text(f'[run]\nname = "run"\nout_dir = "{tmp_path}"\n[data]\nname = "digits"\n')
+    sim.write_text(sim.read_text().replace('"run-20261205"', f'"{train}"'))
+    (tmp_path / "run-20261206").mkdir()  # an unfinished run: no summary.json
+    assert load_sim_config(sim).job.step_s == 0.25
+    sim.write_text("[job]\ntotal_steps = 10\nstep_s = 1\n" + fleet)
     with pytest.raises(ConfigError, match=r"job\.checkpoint_s is not set"):
         load_sim_config(sim)
 

@@ -156,6 +156,25 @@ def _measured(run: Path) -> dict[str, float]:
     return out
 
 
+def _run_folder(given: Path, sim_path: Path) -> Path:
+    """``job.measure_from``: a run folder (relative to the simulator's file), or a training config
+    whose newest finished run (``<run.out_dir>/<run.name>-*`` holding a summary.json) is read."""
+    if given.suffix != ".toml":
+        return given if given.is_absolute() else sim_path.parent / given
+    from vatra.config import load_config
+
+    train = load_config(given)
+    runs = sorted(
+        Path(train.run.out_dir).glob(f"{train.run.name}-*/summary.json"), key=lambda p: p.stat().st_mtime
+    )
+    if not runs:
+        raise ConfigError(
+            f"job.measure_from: no finished run of {given} in {train.run.out_dir}: run 'vatra train {given}' "
+            "first, or give the step, checkpoint and restore times in [job]"
+        )
+    return runs[-1].parent
+
+
 def load_sim_config(path: Path) -> SimConfig:
     """Read and validate the simulator's TOML; errors are one line naming the key."""
     try:
@@ -172,8 +191,7 @@ def load_sim_config(path: Path) -> SimConfig:
         raise ConfigError(f"{path}: {loc}: {first['msg']}") from None
     job = cfg.job
     if job.measure_from is not None:
-        run = Path(job.measure_from)
-        run = run if run.is_absolute() else path.parent / run
+        run = _run_folder(Path(job.measure_from), path)
         for key, value in _measured(run).items():
             if getattr(job, key) is None:  # a value given in [job] wins over the measured one
                 setattr(job, key, value)
