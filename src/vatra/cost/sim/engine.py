@@ -221,7 +221,7 @@ class Job:
 
     def _on_hour(self) -> None:
         """The predictive policy: predict each zone's risk; move before a predicted interruption;
-        checkpoint more often near risk; run max_nodes in cheap, calm hours and min_nodes otherwise."""
+        checkpoint more often near risk; run max_nodes in cheap hours and min_nodes otherwise."""
         assert self.model is not None
         f, pol = self.cfg.fleet, self.cfg.policy
         since = self.t - RECENT_H * HOUR
@@ -234,9 +234,14 @@ class Job:
             return
         cheap = self.trace.price(self.zone, self.t) / self.trace.medians[self.zone] <= pol.scale_up_below
         self.target = f.max_nodes if cheap else f.min_nodes
-        best = min(zones, key=lambda z: risk[z])
-        if self.p_now > pol.risk_threshold and best != self.zone and risk[best] < self.p_now / 2:
-            self._migrate(best)
+        # Expected cost of a node-hour in each zone: its price plus the work an interruption costs
+        # (half an interval redone and a restore, by all n nodes), weighted by the predicted risk.
+        lost_h = (self.interval() / 2 + (self.cfg.job.restore_s or 0.0)) / HOUR
+        per_h = {z: self.trace.price(z, self.t) * (1 + risk[z] * self.n * lost_h) for z in zones}
+        best = min(zones, key=lambda z: per_h[z])
+        move_h = ((self.cfg.job.checkpoint_s or 0.0) + pol.migrate_s + (self.cfg.job.restore_s or 0.0)) / HOUR
+        if self.p_now > pol.risk_threshold and per_h[best] * (1 + move_h) < per_h[self.zone]:
+            self._migrate(best)  # a move pays for itself within the hour
         elif self.target < self.n:
             self._resize(self.target)
         elif self.p_now > pol.risk_threshold and self.since_save > (self.cfg.job.checkpoint_s or 0.0):
