@@ -129,6 +129,9 @@ SAMPLES = {
     "aws.csv": "AvailabilityZone,InstanceType,ProductDescription,SpotPrice,Timestamp\n"
     "us-east-1a,p4d.24xlarge,Linux/UNIX,11.5,2026-11-01T00:00:00Z\n"
     "us-east-1a,p4d.24xlarge,Linux/UNIX,12.5,2026-11-01T01:00:00Z\n",
+    "aws.tsv": "Timestamp\tSpotPrice\tAvailabilityZone\tInstanceType\n"
+    "2026-11-01T00:00:00Z\t11.5\tus-east-1a\tp4d.24xlarge\n"
+    "2026-11-01T01:00:00Z\t12.5\tus-east-1a\tp4d.24xlarge\n",
     "gcp.csv": "effectiveTime,region,description,usageUnit,unitPrice\n"
     "2026-11-01T00:00:00Z,us-central1,Spot Preemptible A2 Instance,h,11.5\n"
     "2026-11-01T01:00:00Z,us-central1,Spot Preemptible A2 Instance,h,12.5\n",
