@@ -22,7 +22,7 @@ import numpy as np
 from _common import print_table, write_result
 from vatra.cost.sim import HazardModel, load_sim_config, log_loss, read_interruptions, read_prices, simulate
 from vatra.cost.sim.hazard import observe
-from vatra.cost.sim.simulate import Setup, _world
+from vatra.cost.sim.simulate import Setup, world_of
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spot_seed.toml"
 
@@ -55,7 +55,7 @@ def hazard_check() -> dict[str, float]:
     trace = read_prices(EXAMPLE.parent / "spot_seed" / "prices.json", cfg.fleet.instance_type)
     setup = Setup.of(cfg, trace, read_interruptions(EXAMPLE.parent / "spot_seed" / "advisor.csv"))
     rng = np.random.default_rng(0)
-    world = _world(cfg, setup)
+    world = world_of(cfg, setup)
     train = observe(trace, trace.start, setup.start, cfg.fleet.max_nodes, world, rng=rng)
     test = observe(trace, setup.start, trace.end, cfg.fleet.max_nodes, world, rng=rng)
     model = HazardModel().fit(train)

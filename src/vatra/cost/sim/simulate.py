@@ -35,7 +35,8 @@ class Setup:
         return cls(trace, interruptions, start, min(trace.zones, key=lambda z: trace.medians[z]))
 
 
-def _world(cfg: SimConfig, s: Setup) -> World | None:
+def world_of(cfg: SimConfig, s: Setup) -> World | None:
+    """The world that draws interruptions, or None where observed events are replayed."""
     if s.interruptions.events:
         return None  # observed events are replayed
     w = cfg.world
@@ -48,12 +49,12 @@ def _world(cfg: SimConfig, s: Setup) -> World | None:
 def history(cfg: SimConfig, s: Setup, rng: np.random.Generator) -> History:
     """The hazard model's training data: the trace's first world.history_days, fleet.max_nodes per zone."""
     events = s.interruptions.events or None
-    return observe(s.trace, s.trace.start, s.start, cfg.fleet.max_nodes, _world(cfg, s), events, rng)
+    return observe(s.trace, s.trace.start, s.start, cfg.fleet.max_nodes, world_of(cfg, s), events, rng)
 
 
 def run_seed(cfg: SimConfig, s: Setup, seed: int, policies: tuple[str, ...] = POLICIES) -> list[Outcome]:
     """Every policy once, interruptions drawn with ``seed`` (the same seed for each policy)."""
-    world = _world(cfg, s)
+    world = world_of(cfg, s)
     model, constant = None, 0.0
     if any(p.startswith("spot ") and p != "spot fixed" for p in policies):
         hist = history(cfg, s, np.random.default_rng([seed, 0]))
