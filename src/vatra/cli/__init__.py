@@ -12,6 +12,7 @@ from vatra.cli import model_serve as _model_serve  # noqa: F401  (registers mode
 from vatra.cli import plan as _plan  # noqa: F401  (registers plan)
 from vatra.cli import predict as _predict  # noqa: F401  (registers predict and export)
 from vatra.cli import report as _report  # noqa: F401  (registers report)
+from vatra.cli import spot as _spot  # noqa: F401  (registers spot simulate)
 from vatra.cli import train as _train  # noqa: F401  (registers the train and config commands)
 from vatra.cli import tune as _tune  # noqa: F401  (registers tune)
 from vatra.cli.app import app, main

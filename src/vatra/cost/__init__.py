@@ -1,0 +1,1 @@
+"""What a run costs: spot machines, their prices and interruptions, and energy."""
