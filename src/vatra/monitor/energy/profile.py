@@ -27,6 +27,7 @@ from typing import Any
 from vatra.errors import ConfigError
 
 _TIME_NAMES = ("datetime", "time", "timestamp", "from", "start", "date")
+Point = tuple[float, float | None, float | None]  # start, end (None: the next start), value (None: a gap)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,12 @@ def read_profile(path: str | Path) -> Profile:
         raise ConfigError(f"{p}: cannot read the profile ({err})") from None
     try:
         rows = _json_rows(text) if text.lstrip().startswith(("{", "[")) else _csv_rows(text)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
+    except KeyError as err:
+        raise ConfigError(
+            f"{p}: not the UK Carbon Intensity API's JSON (an item has no {err} key); its rows are "
+            '{"from", "to", "intensity": {"forecast", "actual"}}'
+        ) from None
+    except (ValueError, TypeError, json.JSONDecodeError) as err:
         raise ConfigError(
             f"{p}: not a price or intensity profile ({err}); give an Electricity Maps CSV, the UK "
             "Carbon Intensity API's JSON, or a CSV with a time and a value column"
@@ -92,7 +98,7 @@ def read_profile(path: str | Path) -> Profile:
     return _slots(points, unit, str(p))
 
 
-def _csv_rows(text: str) -> tuple[str, list[tuple[float, float | None, float]]]:
+def _csv_rows(text: str) -> tuple[str, list[Point]]:
     reader = csv.reader(line for line in text.splitlines() if line.strip())
     header = [h.strip() for h in next(reader, [])]
     low = [h.lower() for h in header]
@@ -100,12 +106,14 @@ def _csv_rows(text: str) -> tuple[str, list[tuple[float, float | None, float]]]:
     if t_col is None:
         raise ValueError(f"no time column among {header} (one named like 'Datetime (UTC)' or 'time')")
     v_col = _value_column(low, t_col)
-    points = []
+    points: list[Point] = []
     for n, row in enumerate(reader, start=2):
-        if len(row) <= max(t_col, v_col) or not row[v_col].strip():
-            continue  # a missing value: the hour is a gap, filled by the hour-of-day mean
+        if len(row) <= t_col:
+            continue
         try:
-            points.append((parse_time(row[t_col]), None, _finite(row[v_col])))
+            # a missing value: the slot is a gap (it ends the one before), filled by hour-of-day means
+            value = _finite(row[v_col]) if len(row) > v_col and row[v_col].strip() else None
+            points.append((parse_time(row[t_col]), None, value))
         except ValueError as err:
             raise ValueError(f"line {n}: {err}") from None
     return header[v_col], points
@@ -122,13 +130,13 @@ def _value_column(low: list[str], t_col: int) -> int:
     raise ValueError(f"no value column among {low} (a carbon intensity or a price)")
 
 
-def _json_rows(text: str) -> tuple[str, list[tuple[float, float | None, float]]]:
+def _json_rows(text: str) -> tuple[str, list[Point]]:
     data: Any = json.loads(text)["data"]
     if isinstance(data, dict):  # regional endpoints: {"data": {"regionid": ..., "data": [...]}}
         data = data["data"]
     if data and isinstance(data[0], dict) and "data" in data[0]:  # [{"regionid": ..., "data": [...]}]
         data = data[0]["data"]
-    points = []
+    points: list[Point] = []
     for item in data:
         intensity = item["intensity"]
         value = intensity.get("actual")
@@ -145,7 +153,7 @@ def _finite(value: Any) -> float:
     return out
 
 
-def _slots(points: list[tuple[float, float | None, float]], unit: str, path: str) -> Profile:
+def _slots(points: list[Point], unit: str, path: str) -> Profile:
     points.sort(key=lambda p: p[0])
     starts = [p[0] for p in points]
     if len(set(starts)) != len(starts):
@@ -156,4 +164,7 @@ def _slots(points: list[tuple[float, float | None, float]], unit: str, path: str
             ends.append(starts[i + 1] if end is None else min(end, starts[i + 1]))
         else:  # the last one: as given, else as long as the one before (an hour if it is alone)
             ends.append(end if end is not None else start + (start - starts[i - 1] if i else 3600.0))
-    return Profile(tuple(starts), tuple(ends), tuple(p[2] for p in points), unit, path)
+    kept = [(s, e, p[2]) for s, e, p in zip(starts, ends, points, strict=True) if p[2] is not None]
+    return Profile(
+        tuple(k[0] for k in kept), tuple(k[1] for k in kept), tuple(k[2] for k in kept), unit, path
+    )
