@@ -71,9 +71,9 @@ def schedule(
     ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
-    """Pick the cheapest or cleanest window of a price or intensity profile for a run and print it;
-    with --run, wait for it and train then. With --pause-resume the run is split into the cheapest
-    hours before the deadline, each chunk resuming from the previous one's checkpoint."""
+    """Pick the cheapest or cleanest window of a price or intensity profile for a run and print it,
+    or wait for it and train then. Or split the run into the cheapest hours before the deadline,
+    each chunk resuming from the previous one's checkpoint."""
     cfg = load_config(config, set_, run="train")
     prof = read_profile(profile)
     if start is not None and not dry_run:
