@@ -19,6 +19,7 @@ from vatra.errors import ConfigError
 from vatra.monitor.energy import EstimateMeter, RaplMeter, open_meter, read_profile
 from vatra.monitor.energy.meters import worst_source
 from vatra.monitor.energy.profile import parse_time
+from vatra.monitor.report import write_report
 
 
 def fake_powercap(root: Path, package_uj: int, max_uj: int, dram_uj: int = 0) -> Path:
@@ -134,6 +135,8 @@ def test_a_run_sums_the_measured_joules_into_its_summary_and_metrics(tmp_path: P
     assert all(r["power_w"] > 0 for r in rows if "power_w" in r)
     on_disk = json.loads((result.run_dir / "summary.json").read_text())
     assert on_disk["energy_kwh"] == pytest.approx(12 / 3.6e6)
+    page = write_report(result.run_dir).read_text()
+    assert "energy (rapl)<b>0.00333 Wh" in page and "CO2<b>0.000667 g" in page
 
 
 def test_without_a_meter_the_summary_says_estimated_and_prices_co2_by_the_profile(tmp_path: Path) -> None:
