@@ -11,6 +11,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from tests._dist import train_ranks
 
 import vatra
 from vatra.config import EnergyConfig
@@ -20,6 +21,7 @@ from vatra.monitor.energy import EstimateMeter, RaplMeter, open_meter, read_prof
 from vatra.monitor.energy.meters import worst_source
 from vatra.monitor.energy.profile import parse_time
 from vatra.monitor.report import write_report
+from vatra.rundir import read_jsonl
 
 
 def fake_powercap(root: Path, package_uj: int, max_uj: int, dram_uj: int = 0) -> Path:
@@ -223,3 +225,15 @@ def test_a_bad_profile_is_one_line_naming_the_problem(tmp_path: Path, text: str,
     with pytest.raises(ConfigError, match=says) as err:
         read_profile(path)
     assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.slow(20)  # two spawned ranks loading digits: the only test of the sum over ranks
+def test_two_ranks_sum_their_energy_into_rank_0s_summary(tmp_path: Path) -> None:
+    # Prepare / Execute: vatra train's two workers, each with its own estimate
+    sets = ("train.steps=10", "energy.every=5", "energy.source=estimated", "checkpoint.enabled=false")
+    summary = train_ranks(tmp_path / "run", *sets)
+    # Assert: both ranks' meters took part in each sum
+    assert summary["energy_ranks"] == {"estimated": 2} and summary["energy_source"] == "estimated"
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    sums = [r["energy_j"] for r in rows if "energy_j" in r]
+    assert len(sums) == 2 and 0 < sums[0] <= sums[1] <= summary["energy_kwh"] * 3.6e6
