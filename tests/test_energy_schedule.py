@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,23 @@ def test_cli_measures_the_duration_from_the_last_run(
         "--set", f"run.out_dir={tmp_path / 'none'}",
     )  # fmt: skip
     assert code == 2 and err.startswith("error: no finished run named") and "give --duration" in err
+
+
+@pytest.mark.slow(30)
+def test_run_starts_vatra_train_in_the_window_now(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Prepare: this hour is the cheapest of the profile, so the window starts now and nothing waits
+    hour = int(time.time() // H * H)
+    rows = "".join(f"{hour + i * int(H)},{1 if i == 0 else 100}\n" for i in range(6))
+    (profile := tmp_path / "p.csv").write_text("time,price\n" + rows)
+    sets = [f"run.out_dir={tmp_path / 'runs'}", "train.steps=4", "dist.nproc=1", "checkpoint.enabled=false"]
+    sets += ["monitor.report=false", "run.progress=off"]
+    # Execute
+    code, out, err = vatra_in_process(
+        capsys, "energy", "schedule", "examples/digits.toml", "--profile", str(profile),
+        "--duration", "60", "--run", *[a for s in sets for a in ("--set", s)],
+    )  # fmt: skip
+    # Assert: one run trained, with its energy
+    assert code == 0, err
+    (summary,) = (tmp_path / "runs").glob("digits-*/summary.json")
+    assert json.loads(summary.read_text())["steps"] == 4 and "energy_kwh" in summary.read_text()
+    assert "waiting" not in out
