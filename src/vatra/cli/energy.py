@@ -118,8 +118,11 @@ def _measured(cfg: Config) -> tuple[float, str]:
         Path(cfg.run.out_dir).glob(f"{cfg.run.name}-*/summary.json"), key=lambda p: p.stat().st_mtime
     )
     for path in reversed(runs):
-        summary = json.loads(path.read_text())
-        if summary.get("steps") and summary.get("wall_s"):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):  # a torn or unreadable summary: try an older run
+            continue
+        if isinstance(summary, dict) and summary.get("steps") and summary.get("wall_s"):
             per_step = summary["wall_s"] / summary["steps"]
             return per_step * cfg.train.steps, f"measured: {path.parent}, {per_step:.3g} s a step"
     raise ConfigError(

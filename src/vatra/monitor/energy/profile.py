@@ -21,6 +21,7 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,19 @@ class Profile:
         i = bisect_right(self.starts, t) - 1
         if i >= 0 and t < self.ends[i]:
             return self.values[i]
-        hour = datetime.fromtimestamp(t, UTC).hour
-        same = [v for s, v in zip(self.starts, self.values, strict=True) if _hour(s) == hour]
-        return sum(same) / len(same) if same else sum(self.values) / len(self.values)
+        return self.hour_means.get(_hour(t), self.mean)
+
+    @cached_property
+    def hour_means(self) -> dict[int, float]:
+        """The mean of the slots that start in each UTC hour of the day (computed once)."""
+        by_hour: dict[int, list[float]] = {}
+        for start, value in zip(self.starts, self.values, strict=True):
+            by_hour.setdefault(_hour(start), []).append(value)
+        return {h: sum(v) / len(v) for h, v in by_hour.items()}
+
+    @cached_property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
 
 
 def _hour(t: float) -> int:
