@@ -237,3 +237,20 @@ def test_two_ranks_sum_their_energy_into_rank_0s_summary(tmp_path: Path) -> None
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     sums = [r["energy_j"] for r in rows if "energy_j" in r]
     assert len(sums) == 2 and 0 < sums[0] <= sums[1] <= summary["energy_kwh"] * 3.6e6
+
+
+def test_nvml_counts_a_gpus_work() -> None:
+    """Runs where a GPU and nvidia-ml-py are present (bench/gpu_check.py's energy part uses it too)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    meter = open_meter(EnergyConfig(), "cuda", 0, 0)
+    x = torch.randn(4096, 4096, device="cuda")
+    start = time.perf_counter()
+    while time.perf_counter() - start < 2.0:  # NVML's counter moves every ~100 ms: work long enough
+        for _ in range(50):
+            x = x @ x / x.norm()
+        torch.cuda.synchronize()
+    joules = meter.read_j()
+    meter.close()
+    assert meter.source == "nvml" and joules > 0
