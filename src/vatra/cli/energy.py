@@ -8,23 +8,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from vatra.cli.app import app
 from vatra.config import Config, load_config
 from vatra.errors import ConfigError
-from vatra.monitor.energy.profile import Profile, parse_time, read_profile
-from vatra.monitor.energy.schedule import (
-    Pieces,
-    Window,
-    cheapest_chunks,
-    cheapest_window,
-    parse_duration,
-    plan_mean,
-    utc,
-)
 from vatra.rundir import new_run_id
+
+if TYPE_CHECKING:
+    from vatra.monitor.energy.profile import Profile
+    from vatra.monitor.energy.schedule import Window
 
 SET_HELP = "Override a config value: section.key=value (repeatable)."
 
@@ -74,6 +69,10 @@ def schedule(
     """Pick the cheapest or cleanest window of a price or intensity profile for a run and print it,
     or wait for it and train then. Or split the run into the cheapest hours before the deadline,
     each chunk resuming from the previous one's checkpoint."""
+    # imported here: vatra.monitor's package is not needed by the other commands' start-up
+    from vatra.monitor.energy.profile import read_profile
+    from vatra.monitor.energy.schedule import Pieces, cheapest_chunks, cheapest_window, parse_duration
+
     cfg = load_config(config, set_, run="train")
     prof = read_profile(profile)
     if start is not None and not dry_run:
@@ -96,6 +95,8 @@ def schedule(
 
 
 def _time(text: str, option: str) -> float:
+    from vatra.monitor.energy.profile import parse_time
+
     try:
         return parse_time(text)
     except ValueError:
@@ -103,6 +104,9 @@ def _time(text: str, option: str) -> float:
 
 
 def _deadline(text: str | None, earliest: float) -> float | None:
+    from vatra.monitor.energy.profile import parse_time
+    from vatra.monitor.energy.schedule import parse_duration
+
     if text is None:
         return None
     try:
@@ -133,6 +137,8 @@ def _measured(cfg: Config) -> tuple[float, str]:
 def _print_plan(
     prof: Profile, run_s: float, how: str, now: Window, one: Window, chunks: list[Window], split: bool
 ) -> None:
+    from vatra.monitor.energy.schedule import plan_mean, utc
+
     print(f"profile: {prof.path} ({prof.unit}), {utc(prof.starts[0])} to {utc(prof.ends[-1])}")
     print(f"run: {run_s / 3600:.2f} h ({how})")
     print(f"starting now, {utc(now.start)}: mean {now.mean:.4g}")
@@ -149,6 +155,8 @@ def _print_plan(
 def _execute(config: Path, sets: list[str], cfg: Config, chunks: list[Window]) -> int:
     """Wait for each chunk and run ``vatra train`` in it, one run folder for all; a chunk still
     training at its end gets SIGTERM (a checkpoint, then exit) and the next chunk resumes it."""
+    from vatra.monitor.energy.schedule import utc
+
     run_dir = Path(cfg.run.out_dir) / new_run_id(cfg.run.name)
     argv = [sys.executable, "-m", "vatra", "train", str(config), "--run-dir", str(run_dir)]
     argv += [a for s in sets for a in ("--set", s)]
