@@ -22,6 +22,9 @@
    the API is called directly), a few AdamW steps on one batch: the loss must be finite, fall, and
    start where an unsharded copy's does (rtol 1e-5: the same weights and kernels, gathered from one
    shard).
+4. ``energy`` (~2 min, ``bench/gpu_energy.py``): a Zeus-style search over batch size (and, with
+   ``--energy-set-limits``, power limit): NVML's energy and the time to a target loss for each pair,
+   the pair with the least η·energy + (1 − η)·max power·time; on the CPU the labelled estimate.
 
 MFU = tokens/s × flops per token / peak, with PaLM's flops per token 6·N + 12·n_layer·n_embd·seq
 (Chowdhery et al. 2022, appendix B), N the parameters that take part in a matmul: all but the position
@@ -49,6 +52,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 
+import gpu_energy
 from _common import print_table, write_result
 from vatra.config import DistConfig, ModelConfig, ParallelConfig, config_from_dict
 from vatra.data import DatasetSpec
@@ -424,6 +428,7 @@ def check_fsdp(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
 
 
 PARTS = {"precision": check_precision, "throughput": check_throughput, "fsdp": check_fsdp}
+PARTS["energy"] = gpu_energy.check_energy  # the search lives in its own file
 
 
 def peak_flops(ap: argparse.ArgumentParser, args: argparse.Namespace) -> float:
@@ -459,6 +464,7 @@ def main() -> None:
         "--free-gb", type=float, default=None, help="throughput: memory to fit (GiB; default free)"
     )
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for the MFU")
+    gpu_energy.add_arguments(ap)
     args = ap.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         ap.exit(2, "error: no CUDA device here; run with --smoke to check the script on the CPU\n")

@@ -53,10 +53,10 @@ SHORT = [
 ]
 
 
-@pytest.mark.slow(30)
+@pytest.mark.slow(36)
 def test_smoke_runs_every_part_on_the_cpu() -> None:
-    """~15 s: precision through the Trainer, the size step-down after a pretended out-of-memory, plain
-    loop against the Trainer with MFU, FSDP on one gloo rank."""
+    """~20 s: precision through the Trainer, the size step-down after a pretended out-of-memory, plain
+    loop against the Trainer with MFU, FSDP on one gloo rank, the energy search on the estimate."""
     done = subprocess.run(
         # fewer steps than the script's smoke defaults: the parts run through, not to a figure
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", *SHORT],

@@ -33,6 +33,7 @@ from vatra.monitor import (
     StepTracer,
     TensorBoardWriter,
 )
+from vatra.monitor.energy import EnergyPlugin
 from vatra.resilience import CheckpointPlugin, KillInjector, TrainingFaults
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id, read_jsonl
@@ -66,6 +67,7 @@ PLUGINS: tuple[Slot, ...] = (
     # meta: the meta-step (episodes' meta-gradients gathered across ranks) as the micro-steps
     Slot("meta", MetaLearner.wanted, lambda c, rd: MetaLearner(c, rd)),
     Slot("balance", lambda c: Balancer.wanted(c.balance), lambda c, rd: Balancer(c.balance)),
+    Slot("energy", lambda c: c.energy.enabled, lambda c, rd: EnergyPlugin(c)),  # before monitor's report
     Slot("monitor", lambda c: c.monitor.enabled, lambda c, rd: Monitor(c, rd)),
     Slot("heal", lambda c: c.heal.enabled, lambda c, rd: Healer(c)),
     Slot(

@@ -15,6 +15,7 @@ from vatra.config._asyncdp import AsyncConfig, DiLoCoConfig, HybridConfig, Local
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
+from vatra.config._energy import EnergyConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._meta import MetaConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
@@ -61,6 +62,7 @@ class Config(Section):
     chaos: ChaosConfig = Field(default_factory=ChaosConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     heal: HealConfig = Field(default_factory=HealConfig)
+    energy: EnergyConfig = Field(default_factory=EnergyConfig)
     comm: CommConfig = Field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
@@ -452,11 +454,16 @@ def load_config(
 
 
 def _absolute_data_path(raw: dict[str, Any], base: Path) -> None:
-    """Make relative local paths (``data.path``, ``federated.partition.file``, ``balance.policy``)
-    absolute against ``base`` (URLs such as s3:// stay)."""
+    """Make relative local paths (``data.path``, ``federated.partition.file``, ``balance.policy``,
+    ``energy.intensity_csv``) absolute against ``base`` (URLs such as s3:// stay)."""
     fed = raw.get("federated")
     part = fed.get("partition") if isinstance(fed, dict) else None
-    for section, key in ((raw.get("data"), "path"), (part, "file"), (raw.get("balance"), "policy")):
+    for section, key in (
+        (raw.get("data"), "path"),
+        (part, "file"),
+        (raw.get("balance"), "policy"),
+        (raw.get("energy"), "intensity_csv"),
+    ):
         if isinstance(section, dict) and isinstance(section.get(key), str) and section[key]:
             given = section[key]
             if "://" not in given and not Path(given).is_absolute():

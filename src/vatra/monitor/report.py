@@ -69,6 +69,8 @@ PANELS = (
     Panel("Adaptive batch: LR multiplier and peak memory per step (GB)", ("lr_scale", "peak_memory_gb")),
     Panel("Process CPU (%) and memory (MB)", ("cpu_percent", "rss_mb"), marks=False),
     Panel("GPU (NVML)", ("gpu_util_percent", "gpu_mem_mb", "gpu_temp_c"), marks=False),
+    Panel("Power (W, all ranks, over each energy window)", ("power_w",), marks=False),
+    Panel("Energy (J, all ranks, since the start)", ("energy_j",), marks=False),
     Panel("Bytes per round", ("bytes_up", "bytes_down"), marks=False),
     Panel("Round time (s)", ("round_time_s", "fit_time_s", "client_time_s"), marks=False),
 )
@@ -322,6 +324,9 @@ def write_report(
         cards.insert(0, (f"val {shown[0]}", f"{shown[1]:.4f}"))
     elif summary and isinstance(fed := summary.get(f"global_{summary.get('main_metric')}"), int | float):
         cards.insert(0, (f"global {summary['main_metric']}", f"{fed:.4f}"))
+    if summary and isinstance(kwh := summary.get("energy_kwh"), int | float):
+        cards.append((f"energy ({summary.get('energy_source')})", f"{kwh * 1000:.3g} Wh"))
+        cards.append(("CO2", f"{summary.get('co2_kg', 0.0) * 1000:.3g} g"))
     card_html = "".join(
         f"<div class='card'>{html.escape(str(k))}<b>{html.escape(str(v))}</b></div>" for k, v in cards
     )
