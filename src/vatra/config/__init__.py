@@ -27,6 +27,7 @@ from vatra.config._sections import (
     Section,
     TrainConfig,
 )
+from vatra.config._spot import SpotConfig
 from vatra.config._tune import ParamConfig, TuneConfig
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "RunConfig",
     "Section",
     "SecureAggregationConfig",
+    "SpotConfig",
     "StoreConfig",
     "TrainConfig",
     "TuneConfig",
