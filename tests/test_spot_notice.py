@@ -23,6 +23,7 @@ from vatra.config import Config
 from vatra.engine import Plugin, Trainer
 from vatra.errors import ConfigError
 from vatra.monitor import JsonlWriter
+from vatra.monitor.narrate import describe
 from vatra.resilience import CheckpointPlugin, Preempted
 from vatra.resilience.checkpoint.notice import BadAnswer, NoticeWatcher, read_answer
 from vatra.rundir import RunDir, read_jsonl
@@ -164,6 +165,8 @@ def test_a_notice_at_a_random_step_saves_within_the_window_and_resumes_exactly(
     assert saved["fit"] is True and 0 < saved["save_s"] <= saved["seconds"] < window
     assert saved["step"] == step + 1
     assert stopped.value.exit_code == 143 and "within its" in str(stopped.value)
+    line = describe("preemption_notice", noticed)  # the console's line for it
+    assert line is not None and line.startswith("preemption notice (") and f"within {window:.0f} s" in line
     if source == "gcp":
         assert server.requests and all(r.get("Metadata-Flavor") == "Google" for r in server.requests)
     # Execute: the machine comes back (no notice any more) and the same command runs again

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vatra.spot")
 
 MAX_ANSWER_BYTES = 4096  # both providers answer in well under 100 bytes
+FETCH_TIMEOUT_S = 2.0  # a metadata server answers in milliseconds; a busy host may take longer
 AWS_ACTIONS = ("terminate", "stop", "hibernate")
 
 
@@ -130,7 +131,7 @@ class NoticeWatcher:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=self.spot.poll_s + 1.0)
+            self._thread.join(timeout=self.spot.poll_s + FETCH_TIMEOUT_S)
 
     def check(self) -> Notice | None:
         """One look at the file and the endpoint."""
@@ -141,7 +142,7 @@ class NoticeWatcher:
         if not spot.notice_url:
             return None
         try:
-            status, headers, body = fetch(spot.notice_url, spot.provider, timeout_s=min(spot.poll_s, 2.0))
+            status, headers, body = fetch(spot.notice_url, spot.provider, timeout_s=FETCH_TIMEOUT_S)
             found = read_answer(spot.provider, status, headers, body)
         except BadAnswer as err:
             self._ignored(str(err))
