@@ -2,7 +2,9 @@
 
 One job (the digits example's data, an MLP of two 256-unit layers, ``--steps`` optimizer steps) is
 trained to the end through preemptions that come at the same times for every policy: exponential
-gaps of mean ``--mtbf`` seconds (seeded), on the job's wall clock, restarts included. Each
+gaps of mean ``--mtbf`` seconds (seeded; default: the uninterrupted job's wall time ÷
+``--per-job``, so that a job meets about that many whatever the machine's speed and load), on the
+job's wall clock, restarts included. Each
 preemption is either
 
 - announced: the file ``spot.notice_file`` appears (a thread touches it); the run's watcher sees it,
@@ -15,7 +17,7 @@ as the elastic launcher or a managed-jobs controller would. Policies side by sid
 and no periodic saves (the baseline), ``every_steps = 25`` (the default a user keeps), and
 ``every_steps = "auto"`` (Young/Daly with ``spot.mtbf_s = --mtbf``), each with and without notices.
 
-    .venv/bin/python bench/spot_live.py [--steps 800] [--mtbf 2] [--seed 0]
+    .venv/bin/python bench/spot_live.py [--steps 800] [--per-job 4 | --mtbf S] [--seed 0]
 """
 
 from __future__ import annotations
@@ -138,35 +140,38 @@ def job(run: Path, cfg: Config, times: list[float], announced: bool) -> dict[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=800)
-    ap.add_argument("--mtbf", type=float, default=2.0, help="mean seconds between preemptions")
+    ap.add_argument("--mtbf", type=float, default=0.0, help="mean seconds between preemptions")
+    ap.add_argument("--per-job", type=float, default=4.0, help="expected preemptions per job (no --mtbf)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rng = random.Random(args.seed)
-    gaps = [rng.expovariate(1.0 / args.mtbf) for _ in range(MAX_PREEMPTIONS)]
-    timeline = [sum(gaps[: i + 1]) for i in range(len(gaps))]
-    policies: list[tuple[str, int | str, bool, bool]] = [
-        ("uninterrupted, final save only", 0, False, False),
-        ("every 25 steps, notices", 25, True, True),
-        ('"auto" (Young/Daly), notices', "auto", True, True),
-        ("every 25 steps, no notice", 25, True, False),
-        ('"auto" (Young/Daly), no notice', "auto", True, False),
+    policies: list[tuple[str, int | str, bool]] = [  # (name, every_steps, announced)
+        ("every 25 steps, notices", 25, True),
+        ('"auto" (Young/Daly), notices', "auto", True),
+        ("every 25 steps, no notice", 25, False),
+        ('"auto" (Young/Daly), no notice', "auto", False),
     ]
     rows, results = [], []
     with tempfile.TemporaryDirectory() as tmp:
         # warm-up, not timed: the first job in a process pays lazy imports and first-use costs
-        job(Path(tmp) / "warm", config(50, 10, args.mtbf, Path(tmp) / "warm-notice"), [], False)
-        for i, (name, every, preempted, announced) in enumerate(policies):
-            run = Path(tmp) / f"run{i}"
-            cfg = config(args.steps, every, args.mtbf, Path(tmp) / f"notice{i}")
-            figures = job(run, cfg, list(timeline) if preempted else [], announced)
+        job(Path(tmp) / "warm", config(50, 10, 1.0, Path(tmp) / "warm-notice"), [], False)
+        run, flag = Path(tmp) / "base", Path(tmp) / "base-notice"
+        base = job(run, config(args.steps, 0, 1.0, flag), [], False)
+        results.append({"policy": "uninterrupted, final save only", **base})
+        mtbf = args.mtbf or base["wall_s"] / args.per_job
+        rng = random.Random(args.seed)
+        gaps = [rng.expovariate(1.0 / mtbf) for _ in range(MAX_PREEMPTIONS)]
+        timeline = [sum(gaps[: i + 1]) for i in range(len(gaps))]
+        for i, (name, every, announced) in enumerate(policies):
+            cfg = config(args.steps, every, mtbf, Path(tmp) / f"notice{i}")
+            figures = job(Path(tmp) / f"run{i}", cfg, list(timeline), announced)
             results.append({"policy": name, **figures})
-    base = results[0]["cpu_s"]
+    base_cpu = results[0]["cpu_s"]
     for r in results:
         # effective training time: the uninterrupted job's CPU seconds over this job's, restarts,
         # saves and redone steps included (CPU seconds, not wall: the shared machine's load varies
         # between jobs far more than a job's own work does)
-        r["effective"] = base / r["cpu_s"]
+        r["effective"] = base_cpu / r["cpu_s"]
         r["save_overhead"] = r["save_s"] / r["train_s"]
         rows.append(
             [
@@ -183,7 +188,7 @@ def main() -> None:
             ]
         )
     at = ", ".join(f"{t:.1f}" for t in timeline)
-    print(f"{args.steps} steps; preemptions at {at} s on the job's clock (mean gap {args.mtbf} s)")
+    print(f"{args.steps} steps; preemptions at {at} s on the job's clock (mean gap {mtbf:.2f} s)")
     print_table(
         [
             "policy",
@@ -199,7 +204,9 @@ def main() -> None:
         ],
         rows,
     )
-    write_result("spot_live", {"args": vars(args), "timeline_s": timeline, "policies": results})
+    write_result(
+        "spot_live", {"args": vars(args), "mtbf_s": mtbf, "timeline_s": timeline, "policies": results}
+    )
 
 
 if __name__ == "__main__":
