@@ -138,7 +138,7 @@ def test_gc_in_a_run_meeting_an_unreadable_manifest_deletes_nothing_and_goes_on(
 
 def test_auto_interval_follows_young_daly(tmp_path: Path) -> None:
     # Prepare: a tiny MTBF so the interval is short enough to see several saves in 40 steps
-    cfg = _cfg(every_steps="auto", mtbf_s=0.005)
+    cfg = _cfg(every_steps="auto", mtbf_s=0.001)
     cfg.train.steps = 40
     # Execute
     rd = RunDir(tmp_path / "run").create()

@@ -90,7 +90,7 @@ def test_spot_mtbf_replaces_the_checkpoint_prior(tmp_path: Path) -> None:
     computed = [e for e in read_jsonl(rd.events) if e["event"] == "checkpoint_interval"]
     assert computed and all(e["mtbf_s"] == 0.001 for e in computed)
     saves = [e["step"] for e in read_jsonl(rd.events) if e["event"] == "checkpoint_saved"]
-    assert saves[:2] == [10, 10 + computed[0]["interval_steps"]]
+    assert saves[:2] == [10, min(20, 10 + computed[0]["interval_steps"])]  # 20: the final save
 
 
 def test_a_federated_run_refuses_spot_keys() -> None:
