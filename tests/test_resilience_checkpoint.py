@@ -138,17 +138,28 @@ def test_gc_in_a_run_meeting_an_unreadable_manifest_deletes_nothing_and_goes_on(
 
 def test_auto_interval_follows_young_daly(tmp_path: Path) -> None:
     # Prepare: a tiny MTBF so the interval is short enough to see several saves in 40 steps
-    cfg = _cfg(every_steps="auto", mtbf_s=0.5)
+    cfg = _cfg(every_steps="auto", mtbf_s=0.001)
     cfg.train.steps = 40
-    trainer, plugin = _fit(cfg, tmp_path / "run")
-    saves = [e["step"] for e in _events(tmp_path / "run", "checkpoint_saved")]
-    assert saves[0] == 10  # the first save measures the cost C
-    assert saves[-1] == 40 and all(b > a for a, b in itertools.pairwise(saves))
-    # Execute: the rule itself on known figures, C = 20 ms, 10 ms per step, MTBF 0.5 s
-    plugin.costs = [0.02]
-    trainer.state.step, trainer.state.train_time_s = 100, 1.0
-    # Assert: sqrt(2 · 0.5 s · 0.02 s) = 0.1414 s = 14 steps of 10 ms
-    assert plugin._next_save_step(trainer) == 100 + round(math.sqrt(2 * 0.5 * 0.02) / 0.01) == 114
+    # Execute
+    rd = RunDir(tmp_path / "run").create()
+    plugin = CheckpointPlugin(cfg, rd)
+    trainer = Trainer.from_config(cfg, plugins=[plugin, JsonlWriter(rd)], run_dir=rd)
+    summary = trainer.fit()
+    # Assert: the first save measures C; each later one comes at the interval computed at the one before
+    saves = [e["step"] for e in _events(tmp_path / "run", "checkpoint_saved") if e["reason"] == "periodic"]
+    assert saves[0] == 10 and len(saves) >= 3
+    computed = _events(tmp_path / "run", "checkpoint_interval")
+    for a, b in itertools.pairwise(saves):
+        latest = [e for e in computed if e["step"] <= a][-1]
+        assert b - a == latest["interval_steps"]
+        # the closed form on the run's own figures, and what it costs
+        steps = max(1, round(math.sqrt(2 * latest["cost_s"] * latest["mtbf_s"]) / latest["step_s"]))
+        assert latest["interval_steps"] == steps
+        assert latest["overhead"] == pytest.approx(latest["cost_s"] / latest["interval_s"])
+    # the summary: the latest interval in seconds, and the share of training time spent saving
+    assert plugin.interval is not None
+    assert summary["checkpoint_interval_s"] == plugin.interval["interval_s"] == computed[-1]["interval_s"]
+    assert 0 < summary["checkpoint_overhead"] == pytest.approx(sum(plugin.costs) / trainer.state.train_time_s)
 
 
 def test_checkpointer_protocol_for_other_plugins(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from vatra.config._sections import (
     Section,
     TrainConfig,
 )
+from vatra.config._spot import SpotConfig
 from vatra.config._tune import ParamConfig, TuneConfig
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "RunConfig",
     "Section",
     "SecureAggregationConfig",
+    "SpotConfig",
     "StoreConfig",
     "TrainConfig",
     "TuneConfig",

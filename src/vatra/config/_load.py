@@ -30,6 +30,7 @@ from vatra.config._sections import (
     Section,
     TrainConfig,
 )
+from vatra.config._spot import SpotConfig
 from vatra.config._tune import TuneConfig
 from vatra.errors import ConfigError, VatraError
 from vatra.registry import POLICIES, add_import_paths
@@ -66,6 +67,7 @@ class Config(Section):
     comm: CommConfig = Field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    spot: SpotConfig = Field(default_factory=SpotConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
@@ -287,6 +289,11 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
                 f"{', '.join(ignored)}: a federated run reads no [checkpoint] keys but keep_last (the "
                 "server saves its whole state as a version of the [store] after every round and always "
                 "resumes from the newest); remove them"
+            )
+        if written("spot"):
+            raise ConfigError(
+                f"{', '.join(f'spot.{k}' for k in written('spot'))}: a federated run reads no [spot] keys "
+                "(preemption notices stop a training run); remove the [spot] section"
             )
         if written("parallel"):
             raise ConfigError(

@@ -53,4 +53,8 @@ def describe(kind: str, fields: dict[str, Any]) -> str | None:
         return _resume(fields)
     if kind == "heal":
         return _heal(fields)
+    if kind == "preemption_notice":
+        return (
+            f"preemption notice ({fields['detail']}): saving a checkpoint within {fields['window_s']:.0f} s"
+        )
     return None

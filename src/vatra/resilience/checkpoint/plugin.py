@@ -6,7 +6,8 @@ this package. Both calls are collective: every rank must make them at the same p
 
 The parts, one module each: :mod:`.schedule` (when to save), :mod:`.writer` (a version to the store,
 inline or on a thread), :mod:`.loader` (the newest intact version, with fallback), :mod:`.preemption`
-(the SIGTERM agreement); ``chaos.corrupt_checkpoint_at`` is :mod:`vatra.resilience.chaos.storage`'s.
+(the agreement on a preemption notice), :mod:`.notice` (the metadata endpoint and file watcher);
+``chaos.corrupt_checkpoint_at`` is :mod:`vatra.resilience.chaos.storage`'s.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from vatra.engine import Plugin
 from vatra.resilience import recovery, snapshot
 from vatra.resilience.chaos import CheckpointCorruptor
 from vatra.resilience.checkpoint.loader import VersionLoader
+from vatra.resilience.checkpoint.notice import Notice, NoticeWatcher
 from vatra.resilience.checkpoint.preemption import Preempted, StopAgreement
 from vatra.resilience.checkpoint.ranks import RankGroups
 from vatra.resilience.checkpoint.schedule import (
+    StepClock,
     first_save_step,
     fixed_next_step,
+    interval_report,
+    mean_cost,
     observed_mtbf,
     young_daly_steps,
 )
@@ -40,13 +45,15 @@ class CheckpointPlugin(Plugin):
     """Saves full training state to the versioned store and resumes from it.
 
     Saves: every ``checkpoint.every_steps`` steps (or the Young/Daly interval), at the end of the
-    run, and at the first step boundary after SIGTERM (then exits). Resumes in ``on_fit_start``
+    run, and at the first step boundary after a preemption notice (SIGTERM, ``spot.notice_url``,
+    ``spot.notice_file``), then exits. Resumes in ``on_fit_start``
     from the newest intact version (``latest``, else its parents), so the Trainer's loop simply
     continues from ``trainer.state.step``.
     """
 
     def __init__(self, cfg: Config, run_dir: RunDir) -> None:
         self.cfg = cfg.checkpoint
+        self.spot = cfg.spot
         self.run_dir = run_dir
         self.store: CheckpointStore = open_store(cfg.store, run_dir.checkpoints)
         # DCP writes and reads local files: each rank stages its own under .work/rank<r>, in the run
@@ -65,8 +72,12 @@ class CheckpointPlugin(Plugin):
             self.store, self.ranks, run_dir, self.cfg.keep_last, self.damaged, self.corruptor
         )
         self.loader = VersionLoader(self.store, self.ranks, self.damaged)
-        self.stop = StopAgreement()
-        self.preempted: str | None = None  # version saved on SIGTERM
+        self.stop = StopAgreement(cfg.spot.window_s())
+        self.watcher: NoticeWatcher | None = None
+        self.preempted: str | None = None  # why the run stops: the notice and the version saved
+        self.clock = StepClock()  # recent time per step, for the auto interval
+        self.interval: dict[str, float] | None = None  # the auto interval's latest figures (rank 0)
+        self.start_train_s = 0.0  # trainer.state.train_time_s when this attempt started
         self.progress: recovery.ProgressFile | None = None
         self.recovery: dict[str, Any] | None = None  # pending `recovered` event, logged after one step
         self.used_ids: set[str] = set()
@@ -89,6 +100,16 @@ class CheckpointPlugin(Plugin):
             self._resume(trainer, events)
         if self.cfg.on_sigterm:
             self.stop.install()
+        if self.spot.watches() and ctx.local_rank == 0:  # one watcher per node
+            self.watcher = NoticeWatcher(
+                self.spot,
+                self.stop.request,
+                lambda reason: self.run_dir.log_event(
+                    "preemption_notice_ignored", rank=ctx.rank, source=self.spot.notice_url, reason=reason
+                ),
+            )
+            self.watcher.start()
+        self.start_train_s = trainer.state.train_time_s
         if ctx.is_main:
             self.corruptor.skip_fired()
         self.saved_step = trainer.state.step if self.parent else -1
@@ -101,11 +122,12 @@ class CheckpointPlugin(Plugin):
         self.progress.update(step)
         if self.recovery is not None:
             self._log_recovery(trainer)
-        if self.stop.agree(self.ranks.ctl):
+        self.clock.observe(float(metrics.get("step_time_s", 0.0)))
+        notice = self.stop.agree(self.ranks.ctl)
+        if notice is not None:
             # Save now; the loop ends after this step (so its metrics line is still written) and
             # on_fit_end raises Preempted instead of finishing the run.
-            self.preempted = self.save(trainer, reason="sigterm", metrics=metrics)
-            self.wait()
+            self._save_before_preemption(trainer, notice, metrics)
             trainer.state.should_stop = True
             return
         if self.next_save and step >= self.next_save:
@@ -116,10 +138,7 @@ class CheckpointPlugin(Plugin):
         try:
             if self.preempted is not None:
                 self.stop.drain()
-                raise Preempted(
-                    f"SIGTERM at step {trainer.state.step}: saved checkpoint {self.preempted}; "
-                    "run the same command with --run-dir to resume"
-                )
+                raise Preempted(f"{self.preempted}; run the same command with --run-dir to resume")
             if trainer.state.step != self.saved_step:
                 self.save(trainer, reason="final", metrics=trainer.state.last_metrics)
             self.wait()
@@ -127,6 +146,7 @@ class CheckpointPlugin(Plugin):
             if trainer.dist.is_main:
                 restarts, lost = recovery.totals(recovery.read_events(self.run_dir))
                 summary.update(restarts=restarts, steps_lost=lost, checkpoint_s=sum(self.costs))
+                summary.update(self._interval_summary(trainer))
         finally:
             self._close()
 
@@ -154,6 +174,9 @@ class CheckpointPlugin(Plugin):
 
     def _close(self) -> None:
         self.stop.uninstall()
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
         if self.progress is not None:
             self.progress.close()
             self.progress = None
@@ -277,13 +300,62 @@ class CheckpointPlugin(Plugin):
         seconds = time.time() - death if death is not None else None
         trainer.log_event(kind, **rec, recovery_s=seconds)
 
+    # ----------------------------------------------------------- preemption
+    def _save_before_preemption(self, trainer: Trainer, notice: Notice, metrics: dict[str, Any]) -> None:
+        """The notice's checkpoint, timed against its window; logged as two events (rank 0)."""
+        is_main, step = trainer.dist.is_main, trainer.state.step
+        window = notice.deadline - notice.seen_at
+        if is_main:
+            trainer.log_event(
+                "preemption_notice", source=notice.source, detail=notice.detail, window_s=window,
+                seen_s_ago=time.time() - notice.seen_at,
+            )  # fmt: skip
+        t0 = time.perf_counter()
+        version = self.save(
+            trainer, reason="sigterm" if notice.source == "sigterm" else "notice", metrics=metrics
+        )
+        self.wait()  # async or not, the version must be in the store before the machine goes
+        done, save_s = time.time(), time.perf_counter() - t0
+        took, fit = done - notice.seen_at, done <= notice.deadline
+        if is_main:
+            trainer.log_event(
+                "preemption_checkpoint", version=version, source=notice.source, save_s=save_s,
+                seconds=took, window_s=window, fit=fit,
+            )  # fmt: skip
+        what = "SIGTERM" if notice.source == "sigterm" else f"preemption notice ({notice.detail})"
+        self.preempted = (
+            f"{what} at step {step}: saved checkpoint {version} {took:.1f} s after the notice "
+            f"({'within' if fit else 'PAST'} its {window:.0f} s window)"
+        )
+
     # ------------------------------------------------------------- schedule
     def _next_save_step(self, trainer: Trainer) -> int:
         every = self.cfg.every_steps
         step = trainer.state.step
         if every != "auto":
             return fixed_next_step(every, step)
-        step_s = trainer.state.train_time_s / max(1, step)
-        interval = young_daly_steps(self.costs, step_s, observed_mtbf(self.run_dir, self.cfg.mtbf_s))
-        # Ranks measure slightly different costs: rank 0 decides so that every rank saves together.
+        interval = 0
+        if trainer.dist.is_main:  # ranks measure slightly different figures: rank 0 decides for all
+            step_s = self.clock.step_s or trainer.state.train_time_s / max(1, step)
+            prior = self.spot.mtbf_s if self.spot.mtbf_s is not None else self.cfg.mtbf_s
+            mtbf = observed_mtbf(self.run_dir, prior)
+            interval = young_daly_steps(self.costs, step_s, mtbf)
+            figures = interval_report(interval, step_s, mean_cost(self.costs), mtbf)
+            trainer.log_event("checkpoint_interval", **figures)  # once per save: as often as C is measured
+            self.interval = figures
         return step + int(self.ranks.bcast(interval))
+
+    def _interval_summary(self, trainer: Trainer) -> dict[str, float | None]:
+        """``checkpoint_interval_s`` (the auto interval's latest, else every_steps in seconds) and
+        ``checkpoint_overhead`` (this attempt's blocking save time over its training time)."""
+        every = self.cfg.every_steps
+        step_s = self.clock.step_s or 0.0
+        if self.interval is not None:
+            interval_s: float | None = self.interval["interval_s"]
+        else:
+            interval_s = every * step_s if isinstance(every, int) and every else None
+        trained = trainer.state.train_time_s - self.start_train_s
+        return {
+            "checkpoint_interval_s": interval_s,
+            "checkpoint_overhead": sum(self.costs) / trained if trained else 0.0,
+        }

@@ -1,11 +1,13 @@
-"""SIGTERM: every rank agrees on the same step to save at, then the worker exits.
+"""Preemption: every rank agrees on the same step to save at, then the worker exits.
 
-The handler only records the time; the training loop acts at its next step boundary, where the
-ranks agree (an async MAX all-reduce of the flag) so that all of them save the same step.
+A notice is SIGTERM, or one from :mod:`.notice`'s watcher (metadata endpoint, file). Either only
+records the notice; the training loop acts at its next step boundary, where the ranks agree (an
+async MAX all-reduce) so that all of them save the same step.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -16,23 +18,29 @@ import torch
 import torch.distributed as dist
 
 from vatra.errors import VatraError
+from vatra.resilience.checkpoint.notice import Notice
 
 
 class Preempted(VatraError):
-    """SIGTERM arrived; a checkpoint was written and the worker exits (128 + SIGTERM, like a shell)."""
+    """A preemption notice arrived; a checkpoint was written and the worker exits (128 + SIGTERM, as a
+    shell does: the launcher restarts or resumes the run elsewhere, as after a SIGTERM)."""
 
     exit_code = 143
 
 
+SOURCES = ("sigterm", "file", "url")  # coded 1, 2, 3 in the agreement: MAX picks one for all ranks
+
+
 class StopAgreement:
-    """Whether any rank got SIGTERM, agreed on by every rank at the same step boundary.
+    """Whether any rank got a preemption notice, agreed on by every rank at the same step boundary.
 
     Call order: ``install`` at fit start, ``agree`` once per step, ``drain`` before the group is
-    left, ``uninstall`` at the end (whatever happened).
+    left, ``uninstall`` at the end (whatever happened). ``request`` may be called from any thread.
     """
 
-    def __init__(self) -> None:
-        self.sigterm_at: float | None = None
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s  # what a SIGTERM leaves (spot.notice_s, else the provider's)
+        self.notice: Notice | None = None
         self.stop_flag: torch.Tensor | None = None
         self.stop_work: Any = None
         self.old_handler: Any = None
@@ -47,26 +55,41 @@ class StopAgreement:
             signal.signal(signal.SIGTERM, self.old_handler)
             self.old_handler = None
 
+    def request(self, notice: Notice) -> None:
+        """Record a notice (the first one counts); acted on at the next step boundary."""
+        if self.notice is None:
+            self.notice = notice
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.sigterm_at = time.time()  # acted on at the next step boundary; a handler must stay tiny
+        now = time.time()  # a handler must stay tiny
+        self.request(Notice("sigterm", now, now + self.window_s, "SIGTERM"))
 
-    def agree(self, group: dist.ProcessGroup | None) -> bool:
-        """True on every rank at the same step once any rank got SIGTERM.
+    def agree(self, group: dist.ProcessGroup | None) -> Notice | None:
+        """The notice, on every rank at the same step, once any rank got one; else None.
 
-        Distributed (``group`` set): an async MAX all-reduce of the flag, started each step and read
-        one step later, so the loop never waits for it; all ranks read the same reduction at the
-        same boundary.
+        Distributed (``group`` set): an async MAX all-reduce of (source, −seen, −deadline), started
+        each step and read one step later, so the loop never waits for it; all ranks read the same
+        reduction at the same boundary, which carries the earliest notice and deadline of any rank.
         """
-        local = self.sigterm_at is not None
         if group is None:
-            return local
-        stop = False
+            return self.notice
+        agreed = None
         if self.stop_work is not None:
             self.stop_work.wait()
-            stop = bool(self.stop_flag is not None and self.stop_flag.item())
-        self.stop_flag = torch.tensor([int(local)], dtype=torch.int32)
+            assert self.stop_flag is not None
+            code, neg_seen, neg_deadline = self.stop_flag.tolist()
+            if code > 0:
+                detail = self.notice.detail if self.notice is not None else "seen by another rank"
+                agreed = Notice(SOURCES[int(code) - 1], -neg_seen, -neg_deadline, detail)
+        n = self.notice
+        local = (
+            [0.0, -math.inf, -math.inf]
+            if n is None
+            else [SOURCES.index(n.source) + 1.0, -n.seen_at, -n.deadline]
+        )
+        self.stop_flag = torch.tensor(local, dtype=torch.float64)
         self.stop_work = dist.all_reduce(self.stop_flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
-        return stop
+        return agreed
 
     def drain(self) -> None:
         """Wait for the reduction in flight, if any."""
