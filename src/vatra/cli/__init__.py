@@ -4,6 +4,7 @@ from vatra.cli import balance as _balance  # noqa: F401  (registers balance trai
 from vatra.cli import ckpt as _ckpt  # noqa: F401  (registers the ckpt commands)
 from vatra.cli import cluster as _cluster  # noqa: F401  (registers cluster up/run/down)
 from vatra.cli import data as _data  # noqa: F401  (registers the data commands)
+from vatra.cli import edge as _edge  # noqa: F401  (registers edge export)
 from vatra.cli import federated as _federated  # noqa: F401  (registers federate and fl)
 from vatra.cli import model as _model  # noqa: F401  (registers the model registry commands)
 from vatra.cli import model_ab as _model_ab  # noqa: F401  (registers model ab-report)
