@@ -18,6 +18,7 @@ from vatra._io import atomic_write
 from vatra.asyncdp import mode_plugin
 from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
+from vatra.compress import EdgeTraining
 from vatra.config import Config, dump_toml, load_config
 from vatra.data import DataContext
 from vatra.data._base import on_rank0
@@ -63,6 +64,8 @@ PLUGINS: tuple[Slot, ...] = (
         lambda c, rd: CommPlugin(c.comm) if c.dist.mode == "sync" else mode_plugin(c),
     ),
     Slot("balance", lambda c: Balancer.wanted(c.balance), lambda c, rd: Balancer(c.balance)),
+    # before the monitor and checkpoints: they see the fake-quantized, pruned model
+    Slot("edge", lambda c: c.edge.enabled, lambda c, rd: EdgeTraining(c.edge, c.train.steps)),
     Slot("monitor", lambda c: c.monitor.enabled, lambda c, rd: Monitor(c, rd)),
     Slot("heal", lambda c: c.heal.enabled, lambda c, rd: Healer(c)),
     Slot(

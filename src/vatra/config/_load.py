@@ -15,6 +15,7 @@ from vatra.config._asyncdp import AsyncConfig, DiLoCoConfig, HybridConfig, Local
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
+from vatra.config._edge import EdgeConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._parallel import ParallelConfig
@@ -72,6 +73,7 @@ class Config(Section):
     # `async` is a Python keyword: the field is `async_`, read and written as `async` in TOML.
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    edge: EdgeConfig = Field(default_factory=EdgeConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:

@@ -7,8 +7,8 @@ asked, with a report of every variant's size, latency and validation score.
 
 from __future__ import annotations
 
+from vatra.compress.prune import count_parameters, prune_model
 from vatra.edge.export import REPORT, TARGETS, Recipe, edge_export
-from vatra.edge.prune import count_parameters, prune_model
 from vatra.edge.quant import QUANT_MODES, ort_quantize, torchao_quantize
 
 __all__ = [

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from vatra._extras import MissingExtra
+from vatra.compress.prune import PRUNE_METHODS, count_parameters, prune_model
 from vatra.edge.measure import Rows, measure, validation_rows
-from vatra.edge.prune import PRUNE_METHODS, count_parameters, prune_model
 from vatra.edge.quant import QUANT_MODES, ort_quantize, torchao_quantize
 from vatra.errors import ConfigError
 from vatra.serve.export import write_weights

@@ -2,13 +2,16 @@
 
 ``magnitude``: torch's ``prune.global_unstructured`` with L1 magnitude over every Linear weight,
 then ``prune.remove``, so the zeros are plain weights: the tensors keep their shapes (a dense file
-is no smaller; a sparse kernel or a compressor gains from them). ``structured``: for an MLP
+is no smaller; a sparse kernel or a compressor gains from them). Training holds them at zero with
+the masks (:class:`vatra.compress.plugin.EdgeTraining`). ``structured``: for an MLP
 (``trunk`` of Linear + elementwise layers, then a ``head``), the hidden neurons with the smallest
 L2 norm of their incoming weights are cut: the Linear producing them loses rows, the next one
 columns, so the model has fewer parameters and does fewer multiply-adds.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 from torch import nn
@@ -40,12 +43,25 @@ def prune_model(model: nn.Module, method: str, sparsity: float) -> nn.Module:
 
 
 def magnitude_prune(model: nn.Module, sparsity: float) -> None:
-    weights = [(m, "weight") for m in model.modules() if isinstance(m, nn.Linear)]
-    if not weights or sparsity == 0.0:
-        return
-    prune.global_unstructured(weights, pruning_method=prune.L1Unstructured, amount=sparsity)
-    for module, name in weights:
-        prune.remove(module, name)  # the mask folded into the weight: a plain tensor again
+    magnitude_masks(model, sparsity)
+
+
+def magnitude_masks(model: nn.Module, sparsity: float) -> dict[nn.Parameter, torch.Tensor]:
+    """Zero the ``sparsity`` share of all Linear weights smallest in absolute value (one threshold
+    over every layer), in place; returns each weight's mask (1 kept, 0 cut) to hold the zeros with.
+    The weights stay the same Parameter objects (what an optimizer and DDP hold)."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not layers or sparsity == 0.0:
+        return {}
+    prune.global_unstructured(
+        [(m, "weight") for m in layers], pruning_method=prune.L1Unstructured, amount=sparsity
+    )
+    masks: dict[nn.Parameter, torch.Tensor] = {}
+    for m in layers:
+        mask = cast(torch.Tensor, m.weight_mask).detach().clone()
+        prune.remove(m, "weight")  # the mask folded into the weight: the original Parameter again
+        masks[cast(nn.Parameter, m.weight)] = mask
+    return masks
 
 
 def _hidden_chain(model: nn.Module) -> list[tuple[nn.Linear, list[nn.Linear]]]:
