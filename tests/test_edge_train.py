@@ -18,6 +18,7 @@ from vatra.data import ShardSampler
 from vatra.edge import torchao_quantize
 from vatra.engine import DistContext, Trainer, seed_everything
 from vatra.models import build_model
+from vatra.rundir import RunDir, read_jsonl
 
 STEPS, LOCAL_BATCH, WORLD = 4, 8, 2
 EDGE = {
@@ -124,10 +125,13 @@ def test_gradual_pruning_in_vatra_fit_ends_at_the_sparsity(tmp_path: Path) -> No
     cfg = small_config(
         run={"out_dir": str(tmp_path)},
         train={"steps": 30},
-        edge={"prune": "magnitude", "sparsity": 0.8, "prune_end_step": 20, "prune_every": 5},
+        edge={"prune": "magnitude", "sparsity": 0.8, "prune_end_step": 20, "prune_every": 5}
+        | {"qat": "int8", "qat_start_step": 10},
     )
     result = vatra.fit(cfg)
     assert result.summary["edge"]["sparsity"] == pytest.approx(0.8)
+    prepared = [e for e in read_jsonl(RunDir(result.run_dir).events) if e.get("event") == "qat_prepared"]
+    assert [(e["step"], e["layers"]) for e in prepared] == [(10, 2)]
     from vatra.serve.weights import load_run_model
 
     model = load_run_model(result.run_dir).model  # the checkpoint holds the zeros

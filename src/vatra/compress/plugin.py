@@ -42,7 +42,7 @@ class EdgeTraining(Plugin):
         step = trainer.state.step  # steps done so far: a resumed run picks up where it was
         if self.cfg.qat != "none" and step >= self.cfg.qat_start_step and not is_prepared(trainer.model):
             n = prepare_qat(trainer.model)
-            trainer.log_event("qat_prepared", step=step, layers=n, qat=self.cfg.qat)
+            trainer.log_event("qat_prepared", layers=n, qat=self.cfg.qat)
         due = scheduled_sparsity(self.cfg, step, self.total_steps)
         if due > self.sparsity and self._reprune_now(step):
             self.masks = magnitude_masks(trainer.model, due)

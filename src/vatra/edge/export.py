@@ -184,6 +184,12 @@ def edge_export(
         _relative_to_fp32(variants)
         chosen = _choose(variants, recipe.name, max_mb, max_ms)
         report = {"target": target, "batch": batch, "calls": calls, "rows": len(rows.targets)}
+        edge = rm.cfg.edge  # how the run trained: a QAT run's int8 variants are its QAT model
+        report["trained"] = {
+            "qat": edge.qat,
+            "prune": edge.prune,
+            "sparsity": edge.sparsity * (edge.prune != "none"),
+        }
         report |= {
             "task": task,
             "chosen": chosen["variant"],
