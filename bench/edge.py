@@ -87,15 +87,13 @@ def bench_model(name: str, calls: int) -> list[dict[str, Any]]:
         folder = Path(tmp)
         data_config(name, folder)  # writes the table once
         half = STEPS[name] // 2
+        pruned = {"prune": "magnitude", "sparsity": 0.8, "prune_end_step": half}
         runs = {
             "fp32": train(name, folder, {}),
             "qat": train(name, folder, {"qat": "int8", "qat_start_step": half}),
-            "mag80": train(name, folder, {"prune": "magnitude", "sparsity": 0.8, "prune_end_step": half}),
-            "mag80+qat": train(
-                name, folder,
-                {"prune": "magnitude", "sparsity": 0.8, "prune_end_step": half, "qat": "int8", "qat_start_step": half},
-            ),
-        }  # fmt: skip
+            "mag80": train(name, folder, pruned),
+            "mag80+qat": train(name, folder, {**pruned, "qat": "int8", "qat_start_step": half}),
+        }
         n = iter(range(1000))
 
         def add(
