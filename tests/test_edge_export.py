@@ -171,7 +171,10 @@ def test_magnitude_pruning_zeroes_the_smallest_weights(trained: Any) -> None:
     run, _ = trained
     model = load_run_model(run).model
     weights = torch.cat([m.weight.detach().flatten() for m in model.modules() if isinstance(m, nn.Linear)])
-    pruned = prune_model(copy.deepcopy(model), "magnitude", 0.8)
+    pruned = copy.deepcopy(model)
+    before = [id(p) for p in pruned.parameters()]
+    prune_model(pruned, "magnitude", 0.8)
+    assert [id(p) for p in pruned.parameters()] == before  # same objects, same order
     kept = torch.cat([m.weight.detach().flatten() for m in pruned.modules() if isinstance(m, nn.Linear)])
     assert float((kept == 0).float().mean()) == pytest.approx(0.8, abs=1e-3)
     assert float(kept.abs()[kept != 0].min()) >= float(weights.abs().kthvalue(int(0.8 * len(weights))).values)

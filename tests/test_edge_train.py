@@ -12,7 +12,7 @@ from tests._dist import spawn
 from tests.conftest import small_config
 from torch import nn
 
-from vatra.compress import EdgeTraining, is_prepared, remove_qat, scheduled_sparsity
+from vatra.compress import EdgeTraining, is_prepared, magnitude_masks, remove_qat, scheduled_sparsity
 from vatra.config import EdgeConfig
 from vatra.data import ShardSampler
 from vatra.edge import torchao_quantize
@@ -80,6 +80,11 @@ def test_qat_and_pruning_on_two_ranks_equal_one_process_on_the_union_batch(tmp_p
     linear_w = [p for p in want if p.dim() == 2]
     zeros = sum(int((p == 0).sum()) for p in linear_w) / sum(p.numel() for p in linear_w)
     assert zeros == pytest.approx(0.5, abs=1e-3)  # the cut weights stayed zero through the updates
+    start = make_trainer(np.arange(8), 8, None, {}).model  # the same initial weights (same seed)
+    cut = magnitude_masks(start, 0.5)  # the one-shot cut at step 0
+    for w in cut:  # the kept weights trained on after the cut (the optimizer holds the pruned ones)
+        trained = next(p for p in want if p.shape == w.shape)
+        assert not torch.equal(trained, w.detach())
     trained_plain = [p.detach() for p in plain.model.parameters()]
     assert not all(torch.equal(a, b) for a, b in zip(want, trained_plain, strict=True))  # QAT did act
 

@@ -1,7 +1,7 @@
 """Pruning: magnitude (unstructured, zeros in place) and structured (hidden neurons really removed).
 
-``magnitude``: torch's ``prune.global_unstructured`` with L1 magnitude over every Linear weight,
-then ``prune.remove``, so the zeros are plain weights: the tensors keep their shapes (a dense file
+``magnitude``: torch's L1 magnitude criterion (``prune.L1Unstructured``) over every Linear weight
+at once, the zeros written into the weights: the tensors keep their shapes (a dense file
 is no smaller; a sparse kernel or a compressor gains from them). Training holds them at zero with
 the masks (:class:`vatra.compress.plugin.EdgeTraining`). ``structured``: for an MLP
 (``trunk`` of Linear + elementwise layers, then a ``head``), the hidden neurons with the smallest
@@ -48,19 +48,23 @@ def magnitude_prune(model: nn.Module, sparsity: float) -> None:
 
 def magnitude_masks(model: nn.Module, sparsity: float) -> dict[nn.Parameter, torch.Tensor]:
     """Zero the ``sparsity`` share of all Linear weights smallest in absolute value (one threshold
-    over every layer), in place; returns each weight's mask (1 kept, 0 cut) to hold the zeros with.
-    The weights stay the same Parameter objects (what an optimizer and DDP hold)."""
-    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not layers or sparsity == 0.0:
+    over every layer: torch's ``L1Unstructured`` on their concatenation), in place; returns each
+    weight's mask (1 kept, 0 cut) to hold the zeros with. The weights stay the same Parameter
+    objects in the same order (``prune.remove`` re-registers each weight after its bias, which
+    reorders ``parameters()`` for anything that pairs state with it by position)."""
+    weights = [cast(nn.Parameter, m.weight) for m in model.modules() if isinstance(m, nn.Linear)]
+    if not weights or sparsity == 0.0:
         return {}
-    prune.global_unstructured(
-        [(m, "weight") for m in layers], pruning_method=prune.L1Unstructured, amount=sparsity
-    )
+    scores = torch.cat([w.detach().abs().flatten() for w in weights])  # (all Linear weights,)
+    flat = prune.L1Unstructured(amount=sparsity).compute_mask(scores, default_mask=torch.ones_like(scores))
     masks: dict[nn.Parameter, torch.Tensor] = {}
-    for m in layers:
-        mask = cast(torch.Tensor, m.weight_mask).detach().clone()
-        prune.remove(m, "weight")  # the mask folded into the weight: the original Parameter again
-        masks[cast(nn.Parameter, m.weight)] = mask
+    offset = 0
+    with torch.no_grad():
+        for w in weights:
+            mask = flat[offset : offset + w.numel()].view_as(w)
+            offset += w.numel()
+            w.mul_(mask)
+            masks[w] = mask
     return masks
 
 
