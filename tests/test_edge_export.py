@@ -188,6 +188,11 @@ def test_limits_choose_the_smallest_variant_and_refuse_the_impossible(trained: A
     sizes = {v["variant"]: v["size_bytes"] for v in report["variants"]}
     assert len(sizes) == 6 and report["chosen"] == min(sizes, key=sizes.__getitem__)
     assert json.loads((folder / MANIFEST).read_text())["edge"]["variant"] == report["chosen"]
+    _, fastest = edge_export(run, tmp_path / "fast", "onnx", max_ms=1e3, calls=5)
+    p50 = {v["variant"]: v["latency_ms_batch1"]["p50"] for v in fastest["variants"]}
+    assert set(p50) == {"fp32", "int8-dynamic", "int8-static"} and fastest["chosen"] == min(
+        p50, key=p50.__getitem__
+    )
     with pytest.raises(ConfigError, match="no variant meets --max-mb 1e-06"):
         edge_export(run, tmp_path / "none", "onnx", max_mb=1e-6, calls=2)
     assert not (tmp_path / "none").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
