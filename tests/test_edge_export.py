@@ -207,6 +207,10 @@ def test_cli_edge_export_prints_the_report_and_refuses_bad_input(
         capsys, "edge", "export", str(run), "--target", "onnx", "--calls", "5", "--out", str(out)
     )
     assert code == 0 and "int8-dynamic" in stdout and "fp32" in stdout and (out / REPORT).is_file()
+    code, stdout, _ = vatra_in_process(
+        capsys, "edge", "export", str(run), "--target", "torchscript", "--out", str(tmp_path / "ts")
+    )
+    assert code == 0 and "* fp32" in stdout  # no int8 for TorchScript: fp32 unless pruned
     bad = [
         (["--target", "tflite"], "choose one of onnx, pt2, torchscript, executorch"),
         (["--target", "torchscript", "--quant", "dynamic"], "TorchScript cannot trace"),

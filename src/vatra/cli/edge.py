@@ -26,8 +26,11 @@ def export(
         "--target",
         help="onnx (ONNX Runtime), pt2 (torch.export + torchao), torchscript or executorch.",
     ),
-    quant: str = typer.Option(
-        "dynamic", "--quant", help="int8 post-training quantization: none, dynamic, or static (calibrated)."
+    quant: str | None = typer.Option(
+        None,
+        "--quant",
+        help="int8 post-training quantization: none, dynamic, or static (calibrated); default dynamic "
+        "(none for torchscript).",
     ),
     prune: str = typer.Option(
         "none", "--prune", help="none, magnitude (zeros) or structured (neurons removed)."
@@ -54,6 +57,7 @@ def export(
     --batch, and validation score, for fp32 and each variant."""
     from vatra.edge import Recipe, edge_export
 
+    quant = quant or ("none" if target == "torchscript" else "dynamic")
     recipe = Recipe(quant=quant, prune=prune, sparsity=sparsity if prune != "none" else 0.0)
     folder, report = edge_export(
         run, out, target, recipe, max_mb=max_mb, max_ms=max_ms, batch=batch, calls=calls, version=version
