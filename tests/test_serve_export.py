@@ -111,7 +111,7 @@ def test_export_cli_reports_the_onnx_difference_and_refuses_a_full_folder(
     assert (
         code == 2
         and err.strip()
-        == "error: vatra export --format 'pickle': choose one of safetensors, torchscript, onnx"
+        == "error: vatra export --format 'pickle': choose one of safetensors, torchscript, onnx, pt2"
     )
 
 

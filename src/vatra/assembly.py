@@ -18,6 +18,7 @@ from vatra._io import atomic_write
 from vatra.asyncdp import mode_plugin
 from vatra.balance import Balancer
 from vatra.comm.plugin import CommPlugin
+from vatra.compress import EdgeTraining
 from vatra.config import Config, dump_toml, load_config
 from vatra.data import DataContext
 from vatra.data._base import on_rank0
@@ -67,6 +68,8 @@ PLUGINS: tuple[Slot, ...] = (
     # meta: the meta-step (episodes' meta-gradients gathered across ranks) as the micro-steps
     Slot("meta", MetaLearner.wanted, lambda c, rd: MetaLearner(c, rd)),
     Slot("balance", lambda c: Balancer.wanted(c.balance), lambda c, rd: Balancer(c.balance)),
+    # before the monitor and checkpoints: they see the fake-quantized, pruned model
+    Slot("edge", lambda c: c.edge.enabled, lambda c, rd: EdgeTraining(c.edge, c.train.steps)),
     Slot("energy", lambda c: c.energy.enabled, lambda c, rd: EnergyPlugin(c)),  # before monitor's report
     Slot("monitor", lambda c: c.monitor.enabled, lambda c, rd: Monitor(c, rd)),
     Slot("heal", lambda c: c.heal.enabled, lambda c, rd: Healer(c)),

@@ -4,6 +4,7 @@ from vatra.cli import balance as _balance  # noqa: F401  (registers balance trai
 from vatra.cli import ckpt as _ckpt  # noqa: F401  (registers the ckpt commands)
 from vatra.cli import cluster as _cluster  # noqa: F401  (registers cluster up/run/down)
 from vatra.cli import data as _data  # noqa: F401  (registers the data commands)
+from vatra.cli import edge as _edge  # noqa: F401  (registers edge export)
 from vatra.cli import energy as _energy  # noqa: F401  (registers energy schedule)
 from vatra.cli import federated as _federated  # noqa: F401  (registers federate and fl)
 from vatra.cli import meta as _meta  # noqa: F401  (registers meta and meta adapt)

@@ -46,7 +46,9 @@ def export(
     run: Path = typer.Argument(..., help="Run folder (runs/<run-id>)."),
     out: Path = typer.Option(..., "--out", help="Model folder to write (new or empty)."),
     format: str = typer.Option(
-        "safetensors", "--format", help="Weights format: safetensors, torchscript or onnx."
+        "safetensors",
+        "--format",
+        help="Weights format: safetensors, torchscript, pt2 (torch.export) or onnx.",
     ),
     version: str | None = typer.Option(
         None, "--version", help="Checkpoint version, tag or unique prefix (default: latest)."

@@ -4,6 +4,7 @@ from vatra.config._asyncdp import AsyncConfig, DiLoCoConfig, HybridConfig, Local
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
+from vatra.config._edge import EdgeConfig
 from vatra.config._energy import EnergyConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
 from vatra.config._load import (
@@ -43,6 +44,7 @@ __all__ = [
     "DiLoCoConfig",
     "DistConfig",
     "DriftConfig",
+    "EdgeConfig",
     "EnergyConfig",
     "ErasureConfig",
     "FederatedConfig",

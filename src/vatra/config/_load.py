@@ -15,6 +15,7 @@ from vatra.config._asyncdp import AsyncConfig, DiLoCoConfig, HybridConfig, Local
 from vatra.config._balance import BalanceConfig
 from vatra.config._chaos import ChaosConfig
 from vatra.config._comm import CommConfig
+from vatra.config._edge import EdgeConfig
 from vatra.config._energy import EnergyConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._meta import MetaConfig
@@ -78,6 +79,7 @@ class Config(Section):
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     meta: MetaConfig = Field(default_factory=MetaConfig)
+    edge: EdgeConfig = Field(default_factory=EdgeConfig)
 
     @model_validator(mode="after")
     def _without_monitor(self) -> Config:

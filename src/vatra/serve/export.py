@@ -83,7 +83,7 @@ def _example(rm: RunModel, val: dict[str, np.ndarray] | None) -> dict[str, np.nd
     return out
 
 
-def _write_weights(rm: RunModel, fmt: str, path: Path, example: dict[str, np.ndarray]) -> None:
+def write_weights(rm: RunModel, fmt: str, path: Path, example: dict[str, np.ndarray]) -> None:
     wrapped = _Positional(rm.model, "ids" in example).eval()
     args = tuple(torch.from_numpy(v) for v in example.values())
     if fmt == "safetensors":
@@ -95,6 +95,11 @@ def _write_weights(rm: RunModel, fmt: str, path: Path, example: dict[str, np.nda
         with torch.no_grad(), quiet_deprecations():
             traced = torch.jit.trace(wrapped, args)
         traced.save(str(path))
+    elif fmt == "pt2":
+        rows = torch.export.Dim("rows")
+        shapes = tuple({0: rows} for _ in args)
+        with torch.no_grad(), quiet_deprecations():
+            torch.export.save(torch.export.export(wrapped, args, dynamic_shapes=shapes), str(path))
     else:
         require("onnx", "onnx", "vatra export --format onnx")
         names = list(example)
@@ -165,7 +170,7 @@ def write_folder(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         weights = WEIGHTS[fmt]
-        _write_weights(rm, fmt, tmp / weights, _example(rm, check_inputs))
+        write_weights(rm, fmt, tmp / weights, _example(rm, check_inputs))
         files = [weights]
         if rm.preprocess is not None:
             rm.preprocess.save(tmp / PREPROCESS)

@@ -4,8 +4,9 @@
 and each file's SHA-256; a file that does not match its checksum is refused before it is read.
 Weights formats: ``safetensors`` (tensors only, no code: the model is rebuilt from the config in the
 lineage, so a user's model code must be importable), ``torchscript`` (the traced model, no model
-code needed; loading runs code from the file, so load only folders you trust) and ``onnx`` (scored
-by ONNX Runtime).
+code needed; loading runs code from the file, so load only folders you trust), ``pt2`` (a
+``torch.export`` program, e.g. a torchao-quantized model from ``vatra edge export``; the same trust
+applies) and ``onnx`` (scored by ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from vatra.serve.predict import Predictor, Runner, torch_runner
 MANIFEST = "vatra-model.json"
 FORMAT = "vatra-model"
 FORMAT_VERSION = 1
-WEIGHTS = {"safetensors": "model.safetensors", "torchscript": "model.pt", "onnx": "model.onnx"}
+WEIGHTS = {
+    "safetensors": "model.safetensors",
+    "torchscript": "model.pt",
+    "onnx": "model.onnx",
+    "pt2": "model.pt2",  # a torch.export program: what torchao's int8 tensors export to (not TorchScript)
+}
 PREPROCESS = "preprocess.json"
 
 
@@ -105,6 +111,9 @@ def load_folder(folder: Path) -> Predictor:
             raise _unreadable(weights, err) from None
         model.eval()
         runner = torch_runner(model, positional=True)
+    elif fmt == "pt2":
+        model = _exported_program(weights)
+        runner = torch_runner(model, positional=True)
     else:
         runner = onnx_runner(weights)
     meta = {"weights": fmt, "folder": str(folder.resolve()), **manifest["lineage"]}
@@ -132,6 +141,21 @@ def _safetensors_model(manifest: dict[str, Any], weights: Path) -> Any:
         raise ConfigError(f"vatra.load: {weights} does not fit the model its config builds: {err}") from None
     model.eval()
     return model
+
+
+def _exported_program(weights: Path) -> Any:
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("torchao") is not None:  # its int8 tensor types must be registered
+        import torchao  # noqa: F401
+
+    try:
+        with quiet_deprecations():
+            return torch.export.load(str(weights)).module()
+    except Exception as err:  # a damaged archive, or a tensor type whose package is missing
+        raise _unreadable(weights, err) from None
 
 
 def _unreadable(path: Path, err: BaseException) -> ConfigError:

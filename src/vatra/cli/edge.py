@@ -1,0 +1,80 @@
+"""``vatra edge export``: a run's model quantized and pruned for a CPU or a phone, each variant measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from vatra.cli.app import app
+
+edge_app = typer.Typer(
+    rich_markup_mode=None,
+    help="Edge models: int8 quantization, pruning and export measured for CPUs and phones.",
+    no_args_is_help=True,
+)
+app.add_typer(edge_app, name="edge")
+
+
+@edge_app.command("export")
+def export(
+    run: Path = typer.Argument(..., help="Run folder (runs/<run-id>)."),
+    out: Path = typer.Option(..., "--out", help="Model folder to write (new or empty)."),
+    target: str = typer.Option(
+        "onnx",
+        "--target",
+        help="onnx (ONNX Runtime), pt2 (torch.export + torchao), torchscript or executorch.",
+    ),
+    quant: str | None = typer.Option(
+        None,
+        "--quant",
+        help="int8 post-training quantization: none, dynamic, or static (calibrated); default dynamic "
+        "(none for torchscript).",
+    ),
+    prune: str = typer.Option(
+        "none", "--prune", help="none, magnitude (zeros) or structured (neurons removed)."
+    ),
+    sparsity: float = typer.Option(
+        0.5, "--sparsity", help="Fraction of weights or hidden neurons --prune cuts."
+    ),
+    max_mb: float | None = typer.Option(
+        None,
+        "--max-mb",
+        help="Try every quantization mode; keep the smallest variant of at most this many MB.",
+    ),
+    max_ms: float | None = typer.Option(
+        None, "--max-ms", help="Try every quantization mode; keep the fastest with a batch-1 p50 within this."
+    ),
+    batch: int = typer.Option(32, "--batch", help="The second batch size latency is measured at."),
+    calls: int = typer.Option(200, "--calls", help="Timed calls per latency figure."),
+    version: str | None = typer.Option(
+        None, "--version", help="Checkpoint version, tag or unique prefix (default: latest)."
+    ),
+) -> None:
+    """Write the run's model as a model folder for the target (vatra.load reads it), quantized and
+    pruned as asked, with edge-report.json: size, p50/p95 latency at batch 1 on one thread and at
+    --batch, and validation score, for fp32 and each variant."""
+    from vatra.edge import Recipe, edge_export
+
+    quant = quant or ("none" if target == "torchscript" else "dynamic")
+    recipe = Recipe(quant=quant, prune=prune, sparsity=sparsity if prune != "none" else 0.0)
+    folder, report = edge_export(
+        run, out, target, recipe, max_mb=max_mb, max_ms=max_ms, batch=batch, calls=calls, version=version
+    )
+    batched = f"b{batch} ms"
+    print(f"{'variant':<30} {'MB':>8} {'x fp32':>7} {'p50 ms':>8} {'p95 ms':>8} {batched:>9}  score")
+    for v in report["variants"]:
+        print(_row(v, batch, chosen=v["variant"] == report["chosen"]))
+    report_file = folder / "edge-report.json"
+    print(f"vatra: {report['chosen']} ({target}) written to {folder}; the report is in {report_file}")
+
+
+def _row(v: dict[str, Any], batch: int, chosen: bool) -> str:
+    one, many = v["latency_ms_batch1"], v[f"latency_ms_batch{batch}"]
+    metric = f"accuracy {v['accuracy']:.4f}" if "accuracy" in v else f"rmse {v['rmse']:.4g}"
+    name = ("* " if chosen else "  ") + v["variant"]
+    return (
+        f"{name:<30} {v['size_mb']:>8.3f} {v['size_vs_fp32']:>7.2f} {one['p50']:>8.3f} {one['p95']:>8.3f} "
+        f"{many['p50']:>9.3f}  {metric}"
+    )
