@@ -26,6 +26,7 @@ import numpy as np
 
 from vatra.config import FederatedConfig
 from vatra.federated._base import MAX_REPORTED, Failure, FitRes, Selector, check_range
+from vatra.federated.selection import sorted_ids
 
 
 class AdaptiveSelector(Selector):
@@ -51,7 +52,7 @@ class AdaptiveSelector(Selector):
         return util * 0.5 ** self.failures[clients]
 
     def select(self, rnd: int, available: Sequence[int], k: int) -> list[int]:
-        pool = np.array(sorted(available), dtype=np.int64)
+        pool = sorted_ids(available)  # no Python work per client
         k = min(k, len(pool))
         rng = np.random.default_rng([self.seed, 5, rnd])
         fresh = pool[np.isnan(self.stat[pool])]

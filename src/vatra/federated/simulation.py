@@ -65,6 +65,7 @@ class SimulationExecutor:
         self.fed = fed
         self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed.spec)[1])
         self.personal: dict[int, np.ndarray] = {}
+        self.holds_out = fed.val_sizes > 0  # (clients,) bool
         self.workers = cfg.federated.workers
         self.pool: ProcessPoolExecutor | None = None
         if self.workers > 1:
@@ -79,7 +80,7 @@ class SimulationExecutor:
             _init_worker(cfg.model_dump(mode="json"), self.hook, fed)
 
     def available(self) -> list[int]:
-        return list(range(self.fed.num_clients))
+        return np.arange(self.fed.num_clients).tolist()
 
     def _map(self, fn: Any, blobs: list[bytes], personal: list[np.ndarray | None]) -> list[Any]:
         if self.pool is None:
@@ -113,7 +114,7 @@ class SimulationExecutor:
         return results, failures, sum(map(len, blobs)), sum(len(b) for b, _ in outs)
 
     def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
-        order = [c for c in sorted(ins) if len(self.fed.val_rows[c])]  # clients that hold rows out
+        order = [c for c in sorted(ins) if self.holds_out[c]]  # clients that hold rows out
         blobs = [encode_ins(ins[c]) for c in order]
         outs = self._map(_run_eval, blobs, [self.personal.get(c) for c in order])
         reports: list[EvalRes] = []

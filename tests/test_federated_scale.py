@@ -1,0 +1,123 @@
+"""Cross-device scale: sampled evaluation, clients that cost nothing until selected, array selectors."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.conftest import small_config
+
+from vatra.config import PartitionConfig
+from vatra.errors import ConfigError
+from vatra.federated.adaptive import AdaptiveSelector
+from vatra.federated.data import build_federation, client_shards, hold_out
+from vatra.federated.population import owner_shards
+from vatra.federated.selection import evaluation_count, evaluation_sample
+from vatra.federated.simulation import simulate
+from vatra.rundir import RunDir, read_jsonl
+
+
+@pytest.mark.parametrize(
+    ("method", "clients", "extra"),
+    [
+        ("iid", 37, {}),
+        ("iid", 50, {"size_skew": 1.5}),
+        ("dirichlet", 40, {"alpha": 0.5}),
+        ("dirichlet", 300, {"alpha": 0.05}),  # tiny alpha: many empty clients filled from the largest
+        ("dirichlet", 900, {"alpha": 0.1}),  # gifts reach clients of one row: the sequential rule
+        ("label_skew", 23, {"classes_per_client": 3}),
+    ],
+)
+def test_the_vectorised_partition_is_the_eager_one(method: str, clients: int, extra: dict) -> None:
+    # Prepare
+    labels = np.random.default_rng(7).integers(0, 10, 1000)
+    p = PartitionConfig(method=method, **extra)  # type: ignore[arg-type]
+    # Execute
+    eager = client_shards(1000, labels, clients, p, seed=3)
+    lazy = owner_shards(1000, labels, clients, p, seed=3)
+    # Assert: the same rows, client for client
+    assert lazy.clients == clients
+    assert all(np.array_equal(lazy.rows(c), eager[c]) for c in range(clients))
+
+
+def test_a_lazy_client_holds_the_rows_of_the_eager_partition() -> None:
+    cfg = small_config(federated={"clients": 60, "partition": {"method": "dirichlet", "alpha": 0.3}})
+    fed = build_federation(cfg)
+    labels = fed.train.labels
+    eager = client_shards(len(fed.train), labels, 60, cfg.federated.partition, cfg.run.seed)
+    for c in (0, 17, 59):
+        data = fed.client_data(c)
+        train, val = hold_out(eager[c], cfg.federated.val_fraction, cfg.run.seed, c)
+        assert np.array_equal(data.train_rows, train) and np.array_equal(data.val_rows, val)
+    assert np.array_equal(fed.sizes, [len(hold_out(s, 0.2, cfg.run.seed, c)[0]) for c, s in enumerate(eager)])
+
+
+def test_evaluation_samples_a_count_or_a_fraction() -> None:
+    assert evaluation_count(100, 60) == 60 and evaluation_count(100, 10_000) == 100
+    assert evaluation_count(0.1, 10_000) == 1000 and evaluation_count(0.001, 10) == 1
+    with pytest.raises(ConfigError, match="fraction must lie in"):
+        small_config(federated={"evaluate_clients": 2.5})
+
+
+def test_a_round_evaluates_a_seeded_sample_of_the_clients(tmp_path: Path) -> None:
+    cfg = small_config(
+        monitor={"report": False},
+        federated={
+            "clients": 40,
+            "clients_per_round": 5,
+            "rounds": 2,
+            "local_steps": 1,
+            "evaluate_clients": 7,
+        },
+    )
+    simulate(cfg, RunDir(tmp_path), progress=False)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert all(r["evaluate_asked"] == 7 and 1 <= r["evaluated_clients"] <= 7 for r in rows)
+    first, again, second = (evaluation_sample(0, r, list(range(40)), 7) for r in (1, 1, 2))
+    assert first == again != second and len(set(first)) == 7  # seeded per round, without replacement
+
+
+@pytest.mark.slow(12)
+def test_a_hundred_thousand_clients_run_two_rounds_in_bounded_memory(tmp_path: Path) -> None:
+    # Prepare: 100,000 registered clients of 2-3 rows each, 50 trained per round
+    cfg = small_config(
+        monitor={"report": False},
+        data={"name": "synthetic", "samples": 300_000, "n_features": 16, "informative": 8},
+        federated={
+            "clients": 100_000,
+            "clients_per_round": 50,
+            "rounds": 2,
+            "local_steps": 2,
+            "partition": {"method": "iid"},
+        },
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    t0 = time.perf_counter()
+    # Execute
+    summary = simulate(cfg, RunDir(tmp_path), progress=False)
+    # Assert
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [len(r["selected"]) for r in rows] == [50, 50] and summary["rounds"] == 2
+    assert all(r["evaluate_asked"] == 100 for r in rows)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 400, f"peak memory grew {grown_mb:.0f} MB"
+    assert time.perf_counter() - t0 < 60
+
+
+def test_adaptive_selection_of_a_thousand_from_a_million_is_array_work() -> None:
+    cfg = small_config(federated={"clients": 1_000_000, "selection": "adaptive"}).federated
+    sel = AdaptiveSelector(cfg, seed=0)
+    assert all(isinstance(v, np.ndarray) for v in vars(sel).values() if not isinstance(v, int | type(cfg)))
+    rng = np.random.default_rng(0)
+    tried = rng.choice(1_000_000, 200_000, replace=False)  # half-way through a long run
+    sel.stat[tried] = rng.random(len(tried))
+    sel.duration[tried] = rng.random(len(tried))
+    sel.last_round[tried] = rng.integers(1, 50, len(tried))
+    available = np.arange(1_000_000)
+    t0 = time.perf_counter()
+    picked = sel.select(60, available, 1000)
+    assert time.perf_counter() - t0 < 0.5  # a per-client Python loop over a million takes seconds
+    assert len(set(picked)) == 1000
