@@ -13,10 +13,12 @@ from tests.conftest import small_config
 from vatra.config import PartitionConfig
 from vatra.errors import ConfigError
 from vatra.federated.adaptive import AdaptiveSelector
+from vatra.federated.checkpoint import server_state
 from vatra.federated.data import build_federation, client_shards, hold_out
 from vatra.federated.population import owner_shards
 from vatra.federated.selection import evaluation_count, evaluation_sample
 from vatra.federated.simulation import simulate
+from vatra.federated.wire import decode
 from vatra.rundir import RunDir, read_jsonl
 
 
@@ -121,3 +123,26 @@ def test_adaptive_selection_of_a_thousand_from_a_million_is_array_work() -> None
     picked = sel.select(60, available, 1000)
     assert time.perf_counter() - t0 < 0.5  # a per-client Python loop over a million takes seconds
     assert len(set(picked)) == 1000
+
+
+def test_adaptive_state_is_checkpointed_as_arrays_and_resumes(tmp_path: Path) -> None:
+    # Prepare: 2 rounds, then the same run folder asked for 3 (resumes at round 3)
+    fed = {"clients": 12, "clients_per_round": 4, "local_steps": 1, "selection": "adaptive"} | {
+        "step_time_s": 0.01,  # modelled durations: the same in both runs
+        "speed_sigma": 1.0,
+    }
+    cfg = small_config(monitor={"report": False}, federated={**fed, "rounds": 3})
+    simulate(cfg, RunDir(tmp_path / "whole"), progress=False)
+    short = small_config(monitor={"report": False}, federated={**fed, "rounds": 2})
+    simulate(short, RunDir(tmp_path / "resumed"), progress=False)
+    # Execute
+    simulate(cfg, RunDir(tmp_path / "resumed"), progress=False)
+    # Assert: the resumed run picks the same clients in round 3 as the uninterrupted one
+    whole, resumed = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("whole", "resumed"))
+    assert resumed[-1]["round"] == 3 and resumed[-1]["selected"] == whole[-1]["selected"]
+    meta, tensors = decode(server_state(RunDir(tmp_path / "whole")))
+    assert tensors["selector.stat"].shape == (12,) and "stat" not in meta["selector"]
+    sel = AdaptiveSelector(cfg.federated, seed=0)
+    old = {"stat": [None, 2.0] + [None] * 10, "duration": [None] * 12, "last_round": [0] * 12}
+    sel.load_state(old | {"failures": [0] * 12})
+    assert np.isnan(sel.stat[0]) and sel.stat[1] == 2.0  # an older checkpoint's JSON lists still load

@@ -108,8 +108,16 @@ class FederatedServer:
     # ------------------------------------------------------------ checkpoint
     def _save(self, metrics: dict[str, Any]) -> None:
         meta, arrays = self.strategy.state()
-        facts = {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics}
-        blob = encode({**facts, "hook": self.hook.state()}, {f"strategy.{k}": v for k, v in arrays.items()})
+        chosen = self.selector.state()  # per-client arrays (adaptive) travel as tensors, not JSON lists
+        facts = {
+            "round": self.round,
+            "strategy": meta,
+            "selector": {k: v for k, v in chosen.items() if not isinstance(v, np.ndarray)},
+            "metrics": metrics,
+        }
+        tensors = {f"strategy.{k}": v for k, v in arrays.items()}
+        tensors.update({f"selector.{k}": v for k, v in chosen.items() if isinstance(v, np.ndarray)})
+        blob = encode({**facts, "hook": self.hook.state()}, tensors)
         self.checkpoints.save_round(self.round, blob, metrics)  # a crash leaves the last round's version
 
     def _resume(self) -> bool:
@@ -119,9 +127,10 @@ class FederatedServer:
         where, blob = found
         try:
             meta, tensors = decode(blob)
-            arrays = {k.removeprefix("strategy."): v for k, v in tensors.items()}
+            arrays = {k.removeprefix("strategy."): v for k, v in tensors.items() if k.startswith("strategy.")}
+            chosen = {k.removeprefix("selector."): v for k, v in tensors.items() if k.startswith("selector.")}
             self.strategy.load_state(meta["strategy"], arrays)
-            self.selector.load_state(meta["selector"])
+            self.selector.load_state({**meta["selector"], **chosen})
             self.round = int(meta["round"])
             if (
                 not 0 <= self.round <= self.fcfg.rounds
