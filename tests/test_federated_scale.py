@@ -12,8 +12,10 @@ from tests.conftest import small_config
 
 from vatra.config import PartitionConfig
 from vatra.errors import ConfigError
+from vatra.federated._base import FitIns
 from vatra.federated.adaptive import AdaptiveSelector
 from vatra.federated.checkpoint import server_state
+from vatra.federated.client import LocalClient
 from vatra.federated.data import build_federation, client_shards, hold_out
 from vatra.federated.population import owner_shards
 from vatra.federated.selection import evaluation_count, evaluation_sample
@@ -146,3 +148,35 @@ def test_adaptive_state_is_checkpointed_as_arrays_and_resumes(tmp_path: Path) ->
     old = {"stat": [None, 2.0] + [None] * 10, "duration": [None] * 12, "last_round": [0] * 12}
     sel.load_state(old | {"failures": [0] * 12})
     assert np.isnan(sel.stat[0]) and sel.stat[1] == 2.0  # an older checkpoint's JSON lists still load
+
+
+@pytest.mark.parametrize(
+    "optim", [{"momentum": 0.9, "weight_decay": 1e-3}, {"momentum": 0.0, "schedule": "cosine"}]
+)
+def test_vmapped_clients_give_the_updates_of_clients_trained_one_by_one(optim: dict) -> None:
+    # Prepare: 12 clients of one round, the same weights sent to each
+    cfg = small_config(
+        optim={"name": "sgd", "lr": 0.05, **optim}, federated={"clients": 12, "local_steps": 4}
+    )
+    fed = build_federation(cfg)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
+    conf = {"local_steps": 4, "local_epochs": 0, "mu": 0.0}
+    group = [FitIns(c, 1, [client.init], conf) for c in range(12)]
+    # Execute
+    one_by_one = [client.fit(ins)[0] for ins in group]
+    together = client.fit_group(group)
+    # Assert: float32 sums in another order: within 1e-5 of updates of size ~0.1
+    assert together is not None
+    for a, b in zip(one_by_one, together, strict=True):
+        assert a.client_id == b.client_id and a.num_samples == b.num_samples
+        np.testing.assert_allclose(b.update, a.update, atol=1e-5, rtol=0)
+        assert b.metrics["train_loss"] == pytest.approx(a.metrics["train_loss"], abs=1e-5)
+    assert np.abs(together[0].update).max() > 1e-3  # they trained
+
+
+def test_a_config_the_vmap_cannot_express_trains_one_by_one() -> None:
+    cfg = small_config(federated={"clients": 4, "strategy": "fedprox", "mu": 0.1})
+    fed = build_federation(cfg)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
+    conf = {"local_steps": 2, "local_epochs": 0, "mu": 0.1}
+    assert client.fit_group([FitIns(c, 1, [client.init], conf) for c in range(4)]) is None

@@ -48,6 +48,7 @@ def _lie_in_fit(monkeypatch: pytest.MonkeyPatch, tamper: Callable[[FitRes], None
         return res, head
 
     monkeypatch.setattr(LocalClient, "fit", lying)
+    monkeypatch.setattr(LocalClient, "fit_group", lambda self, group: None)  # each client by itself
 
 
 def _lie_in_eval(monkeypatch: pytest.MonkeyPatch, tamper: Callable[[EvalRes], None]) -> None:

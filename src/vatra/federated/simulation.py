@@ -52,6 +52,13 @@ def _run_task(blob: bytes, personal: np.ndarray | None) -> tuple[bytes, np.ndarr
     return encode_res(res), personal
 
 
+def _run_group(blobs: list[bytes]) -> list[tuple[bytes, None]] | None:
+    """A round's clients trained together (vmap), or None when their config needs the loop."""
+    assert _CLIENT is not None, "worker not initialised"
+    results = _CLIENT.fit_group([decode_ins(b) for b in blobs])
+    return None if results is None else [(encode_res(r), None) for r in results]
+
+
 def _run_eval(blob: bytes, personal: np.ndarray | None) -> bytes:
     assert _CLIENT is not None, "worker not initialised"
     return encode_eval_res(_CLIENT.evaluate(decode_ins(blob), personal))
@@ -93,7 +100,8 @@ class SimulationExecutor:
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         order = sorted(ins)
         blobs = [encode_ins(ins[c]) for c in order]
-        outs = self._map(_run_task, blobs, [self.personal.get(c) for c in order])
+        grouped = _run_group(blobs) if self.pool is None and len(blobs) > 1 else None
+        outs = grouped or self._map(_run_task, blobs, [self.personal.get(c) for c in order])
         results: list[FitRes] = []
         failures: list[Failure] = []
         for c, (blob, head) in zip(order, outs, strict=True):
