@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import print_table, write_result
 
+from _common import print_table, write_result
 from vatra.config import config_from_dict
 from vatra.federated.client import client_seed, initial_weights
 from vatra.federated.data import build_federation
@@ -111,6 +111,12 @@ def one(clients: int, per_round: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def _row(r: dict[str, Any]) -> list[Any]:
+    ratio = r["fit_s"] / r["bare_s"]
+    times = [f"{r['setup_s']:.1f}", f"{r['round_s']:.3f}", f"{r['fit_s']:.3f}", f"{r['bare_s']:.3f}"]
+    return [r["clients"], r["per_round"], *times, f"{ratio:.2f}", f"{r['peak_mb']:.0f}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scales", type=int, nargs="+", default=[1000, 100_000, 1_000_000])
@@ -135,11 +141,7 @@ def main() -> None:
             print(f"done {n} / {k}", file=sys.stderr, flush=True)
     print_table(
         ["registered", "per round", "set-up s", "round s", "fit s", "bare loop s", "fit / bare", "peak MB"],
-        [
-            [r["clients"], r["per_round"], f"{r['setup_s']:.1f}", f"{r['round_s']:.3f}", f"{r['fit_s']:.3f}"]
-            + [f"{r['bare_s']:.3f}", f"{r['fit_s'] / r['bare_s']:.2f}", f"{r['peak_mb']:.0f}"]
-            for r in results
-        ],
+        [_row(r) for r in results],
     )
     write_result("fl_scale", {"steps": STEPS, "results": results, "note": "machine shared, 2 cores"})
 
