@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests._fl_helpers import READ
 from tests.conftest import small_config
 
 from vatra.config import PartitionConfig
@@ -180,3 +181,37 @@ def test_a_config_the_vmap_cannot_express_trains_one_by_one() -> None:
     client = LocalClient(cfg, fed.spec, fed.client_data)
     conf = {"local_steps": 2, "local_epochs": 0, "mu": 0.1}
     assert client.fit_group([FitIns(c, 1, [client.init], conf) for c in range(4)]) is None
+
+
+def test_a_factory_reads_only_the_clients_that_are_selected(tmp_path: Path) -> None:
+    # Prepare
+    READ.clear()
+    fed = {"clients": 5000, "clients_per_round": 4, "rounds": 2, "local_steps": 2, "evaluate_clients": 3}
+    source = {"client_data": "tests._fl_helpers:owner_rows"}
+    cfg = small_config(monitor={"report": False}, federated=fed | source)
+    # Execute
+    simulate(cfg, RunDir(tmp_path), progress=False)
+    # Assert: only the 2 × 4 trainers and 2 × 3 evaluators were read; all of them reported
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(READ) == 2 * (4 + 3)
+    assert {c for r in rows for c in r["selected"]} <= set(READ)
+    assert all(r["evaluated_clients"] == 3 and r["evaluated_examples"] == 36 for r in rows)
+    assert not (tmp_path / "partition.json").exists()
+
+
+def test_a_folder_holds_one_file_per_owner(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    (tmp_path / "owners").mkdir()
+    for c in range(3):
+        np.savez(tmp_path / "owners" / f"site{c}.npz", x=rng.random((30, 64)), y=rng.integers(0, 10, 30))
+    data = {"name": "npz", "path": str(tmp_path / "owners" / "site0.npz")}
+    fed = {"clients": 3, "rounds": 1, "local_steps": 1, "client_data": str(tmp_path / "owners")}
+    simulate(
+        small_config(monitor={"report": False}, data=data, federated=fed),
+        RunDir(tmp_path / "r"),
+        progress=False,
+    )
+    assert read_jsonl(tmp_path / "r" / "metrics.jsonl")[0]["evaluated_clients"] == 3
+    wrong = small_config(data=data, federated={**fed, "clients": 4})
+    with pytest.raises(ConfigError, match=r"holds 3 files but federated.clients = 4"):
+        build_federation(wrong)

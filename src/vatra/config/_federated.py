@@ -126,6 +126,13 @@ class FederatedConfig(Section):
         0.0, ge=0.0, description="adaptive: round duration beyond which slow clients are penalised; 0 = auto."
     )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    client_data: str = Field(
+        "",
+        description="Simulation: each client's rows from its own source instead of a partition of "
+        "[data], read only when it is selected: an import string 'package.module:fn' called as fn(cid) "
+        "returning its (train, val) datasets, or a folder of one data file per owner (client c = the "
+        "c-th file by name). [data] still gives the input spec and the server's held-out data.",
+    )
     compression: str = Field(
         "none",
         description="Client update compression with a vatra.comm compressor ([comm] ratio, levels): none, "

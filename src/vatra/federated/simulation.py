@@ -21,6 +21,7 @@ from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation, build_federation
+from vatra.federated.owned import OwnedFederation
 from vatra.federated.private import build_private_hook
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
@@ -38,7 +39,9 @@ from vatra.rundir import RunDir
 _CLIENT: LocalClient | None = None  # one per worker process
 
 
-def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook | None, fed: Federation | None = None) -> None:
+def _init_worker(
+    raw_cfg: dict[str, Any], hook: UploadHook | None, fed: Federation | OwnedFederation | None = None
+) -> None:
     global _CLIENT
     torch.set_num_threads(1)
     cfg = config_from_dict(raw_cfg)
@@ -67,7 +70,9 @@ def _run_eval(blob: bytes, personal: np.ndarray | None) -> bytes:
 class SimulationExecutor:
     """Every client is always available; a round's clients run in ``workers`` processes (or this one)."""
 
-    def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
+    def __init__(
+        self, cfg: Config, fed: Federation | OwnedFederation, hook: UploadHook | None = None
+    ) -> None:
         self.cfg = cfg
         self.fed = fed
         self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed.spec)[1])
@@ -161,7 +166,9 @@ def simulate(
     run_dir.create()
     run_dir.config.write_text(dump_toml(cfg))
     fed = build_federation(cfg)
-    (run_dir.path / "partition.json").write_text(fed.partition_json())
+    rows = fed.partition_json()  # None: owners read their own sources (federated.client_data)
+    if rows is not None:
+        (run_dir.path / "partition.json").write_text(rows)
     hook = hook or build_private_hook(cfg, run_dir)  # None unless secure aggregation or DP is on
     executor = SimulationExecutor(cfg, fed, hook)
     clients = hook.wrap(executor) if hook is not None else executor
