@@ -18,6 +18,7 @@ from vatra.federated.adaptive import AdaptiveSelector
 from vatra.federated.checkpoint import server_state
 from vatra.federated.client import LocalClient
 from vatra.federated.data import build_federation, client_shards, hold_out
+from vatra.federated.owned import build_owners
 from vatra.federated.population import owner_shards
 from vatra.federated.selection import evaluation_count, evaluation_sample
 from vatra.federated.simulation import simulate
@@ -214,4 +215,4 @@ def test_a_folder_holds_one_file_per_owner(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "r" / "metrics.jsonl")[0]["evaluated_clients"] == 3
     wrong = small_config(data=data, federated={**fed, "clients": 4})
     with pytest.raises(ConfigError, match=r"holds 3 files but federated.clients = 4"):
-        build_federation(wrong)
+        build_owners(wrong)

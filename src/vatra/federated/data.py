@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,9 +27,6 @@ from vatra.config import Config, PartitionConfig
 from vatra.data import DataContext, Datasets, DatasetSpec, Split, TargetSpec, build_dataset, partition
 from vatra.errors import ConfigError
 from vatra.federated.population import Owners, held_out_counts, owner_shards
-
-if TYPE_CHECKING:
-    from vatra.federated.owned import OwnedFederation
 
 ImageTransform = Callable[[np.ndarray], np.ndarray]  # (N, H, W) -> (N, H, W)
 
@@ -336,9 +333,8 @@ def _concat(splits: list[Split]) -> Split:
     return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]))  # type: ignore[misc]
 
 
-def build_federation(cfg: Config) -> Federation | OwnedFederation:
-    """Deterministic for the config: every simulation worker builds the same owners (or, with
-    ``federated.client_data``, reads each owner's own source when it is selected)."""
+def build_federation(cfg: Config) -> Federation:
+    """Deterministic for the config: every simulation worker builds the same owners."""
     fed = cfg.federated
     p = fed.partition
     ctx = data_context(cfg, keep=(p.column,) if p.method == "column" else ())
@@ -351,10 +347,6 @@ def build_federation(cfg: Config) -> Federation | OwnedFederation:
     train, val, spec = build_dataset(cfg.data, ctx)
     _map_style(train, "data")
     _map_style(val, "data")
-    if fed.client_data:
-        from vatra.federated.owned import owned_federation
-
-        return owned_federation(cfg, spec, val)
     n = len(train)
     names: list[str] | None = None
     if p.method == "file":

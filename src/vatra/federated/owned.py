@@ -19,10 +19,17 @@ from typing import Any
 import numpy as np
 
 from vatra.config import Config
-from vatra.data import DatasetSpec
+from vatra.data import DatasetSpec, build_dataset
 from vatra.data.infer import user_datasets
 from vatra.errors import ConfigError
-from vatra.federated.data import ClientData, load_source, own_data
+from vatra.federated.data import (
+    ClientData,
+    Federation,
+    build_federation,
+    data_context,
+    load_source,
+    own_data,
+)
 from vatra.registry import call_with, import_object, is_import_string
 
 KEY = "federated.client_data"
@@ -57,8 +64,17 @@ class OwnedFederation:
         return None
 
 
+def build_owners(cfg: Config) -> Federation | OwnedFederation:
+    """A simulation's owners: a partition of ``[data]`` (:func:`build_federation`), or the sources
+    ``federated.client_data`` names (checked now; each client read when it is selected)."""
+    if not cfg.federated.client_data:
+        return build_federation(cfg)
+    _, server_val, spec = build_dataset(cfg.data, data_context(cfg))
+    return owned_federation(cfg, spec, server_val)
+
+
 def owned_federation(cfg: Config, spec: DatasetSpec, server_val: Any | None) -> OwnedFederation:
-    """The owners ``federated.client_data`` names (checked now; each client read when selected)."""
+    """The owners ``federated.client_data`` names."""
     source, clients = cfg.federated.client_data, cfg.federated.clients
     if is_import_string(source) and not Path(source).exists():
         fn = import_object(source, KEY)

@@ -20,8 +20,8 @@ from vatra.config import Config, config_from_dict, dump_toml
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.data import Federation, build_federation
-from vatra.federated.owned import OwnedFederation
+from vatra.federated.data import Federation
+from vatra.federated.owned import OwnedFederation, build_owners
 from vatra.federated.private import build_private_hook
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
@@ -45,7 +45,7 @@ def _init_worker(
     global _CLIENT
     torch.set_num_threads(1)
     cfg = config_from_dict(raw_cfg)
-    fed = fed or build_federation(cfg)
+    fed = fed or build_owners(cfg)
     _CLIENT = LocalClient(cfg, fed.spec, fed.client_data, hook)
 
 
@@ -165,7 +165,7 @@ def simulate(
         cfg = pin(cfg)
     run_dir.create()
     run_dir.config.write_text(dump_toml(cfg))
-    fed = build_federation(cfg)
+    fed = build_owners(cfg)
     rows = fed.partition_json()  # None: owners read their own sources (federated.client_data)
     if rows is not None:
         (run_dir.path / "partition.json").write_text(rows)
