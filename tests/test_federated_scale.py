@@ -216,3 +216,18 @@ def test_a_folder_holds_one_file_per_owner(tmp_path: Path) -> None:
     wrong = small_config(data=data, federated={**fed, "clients": 4})
     with pytest.raises(ConfigError, match=r"holds 3 files but federated.clients = 4"):
         build_owners(wrong)
+
+
+def test_a_vmapped_run_ends_with_the_weights_of_the_per_client_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process pool (workers > 1) trains client by client: a seed must give the same model.
+    cfg = small_config(
+        monitor={"report": False},
+        optim={"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        federated={"clients": 10, "clients_per_round": 6, "rounds": 2, "local_steps": 3},
+    )
+    together = simulate(cfg, RunDir(tmp_path / "vmap"), progress=False)
+    monkeypatch.setattr(LocalClient, "fit_group", lambda self, group: None)
+    one_by_one = simulate(cfg, RunDir(tmp_path / "loop"), progress=False)
+    assert together["weights_sha256"] == one_by_one["weights_sha256"]
