@@ -7,7 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from vatra.config import Config
+from vatra.data import Split
 from vatra.federated.grpc import run_client, serve
 from vatra.launch import free_port
 from vatra.rundir import RunDir
@@ -62,3 +66,15 @@ def start_server(cfg: Config, certs: Path, run_dir: Path, **kw: Any) -> tuple[Ba
 
 def start_client(cfg: Config, address: str, cid: int, certs: Path, **kw: Any) -> Background:
     return Background(lambda: run_client(cfg, address, cid, certs, progress=False, **kw))
+
+
+READ: list[int] = []  # the clients the factory below was asked for
+
+
+def owner_rows(cid: int, seed: int) -> tuple[Split, Split]:
+    """A user's factory: client ``cid``'s own 24 rows of 64 features (12 held out)."""
+    READ.append(cid)
+    rng = np.random.default_rng([seed, cid])
+    x = torch.from_numpy(rng.random((36, 64), dtype=np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, 36))
+    return Split(x[:24], y[:24]), Split(x[24:], y[24:])

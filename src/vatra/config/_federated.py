@@ -107,6 +107,13 @@ class FederatedConfig(Section):
         description="Clients evaluate the global model every this many rounds (and after the last); "
         "0 = never.",
     )
+    evaluate_clients: int | float = Field(
+        100,
+        gt=0,
+        description="Clients asked to evaluate on an evaluation round, drawn uniformly (seeded) from the "
+        "available ones: a count (an integer; all when fewer are available) or a fraction in (0, 1] "
+        "(at least one), as Flower's min_evaluate_clients / fraction_evaluate.",
+    )
     mu: float = Field(
         0.0, ge=0.0, description="Proximal weight μ (fedprox; also clustered: the hybrid clustered+proximal)."
     )
@@ -126,6 +133,13 @@ class FederatedConfig(Section):
         0.0, ge=0.0, description="adaptive: round duration beyond which slow clients are penalised; 0 = auto."
     )
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    client_data: str = Field(
+        "",
+        description="Simulation: each client's rows from its own source instead of a partition of "
+        "[data], read only when it is selected: an import string 'package.module:fn' called as fn(cid) "
+        "returning its (train, val) datasets, or a folder of one data file per owner (client c = the "
+        "c-th file by name). [data] still gives the input spec and the server's held-out data.",
+    )
     compression: str = Field(
         "none",
         description="Client update compression with a vatra.comm compressor ([comm] ratio, levels): none, "
@@ -183,6 +197,11 @@ class FederatedConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> FederatedConfig:
+        if isinstance(self.evaluate_clients, float) and self.evaluate_clients > 1:
+            raise ValueError(
+                f"evaluate_clients = {self.evaluate_clients}: a fraction must lie in (0, 1]; "
+                "give a count as an integer (e.g. 100)"
+            )
         if self.clients_per_round > self.clients:
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) > clients ({self.clients}); lower it"

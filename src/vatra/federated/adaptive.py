@@ -26,6 +26,7 @@ import numpy as np
 
 from vatra.config import FederatedConfig
 from vatra.federated._base import MAX_REPORTED, Failure, FitRes, Selector, check_range
+from vatra.federated.selection import sorted_ids
 
 
 class AdaptiveSelector(Selector):
@@ -51,7 +52,7 @@ class AdaptiveSelector(Selector):
         return util * 0.5 ** self.failures[clients]
 
     def select(self, rnd: int, available: Sequence[int], k: int) -> list[int]:
-        pool = np.array(sorted(available), dtype=np.int64)
+        pool = sorted_ids(available)  # no Python work per client
         k = min(k, len(pool))
         rng = np.random.default_rng([self.seed, 5, rnd])
         fresh = pool[np.isnan(self.stat[pool])]
@@ -93,15 +94,21 @@ class AdaptiveSelector(Selector):
                 self.stat[f.client_id] = 0.0  # tried: do not explore a dropped client again
 
     def state(self) -> dict[str, Any]:
-        return {
-            "stat": [None if np.isnan(v) else float(v) for v in self.stat],
-            "duration": [None if np.isnan(v) else float(v) for v in self.duration],
-            "last_round": self.last_round.tolist(),
-            "failures": self.failures.tolist(),
+        """The per-client arrays themselves (the server checkpoints arrays as tensors: no per-client
+        Python work at a million clients)."""
+        return {"stat": self.stat, "duration": self.duration, "last_round": self.last_round} | {
+            "failures": self.failures
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.stat = np.array([np.nan if v is None else v for v in state["stat"]], dtype=np.float64)
-        self.duration = np.array([np.nan if v is None else v for v in state["duration"]], dtype=np.float64)
+        """From :meth:`state`, or from an older checkpoint's JSON lists (None for NaN)."""
+        self.stat = _floats(state["stat"])
+        self.duration = _floats(state["duration"])
         self.last_round = np.array(state["last_round"], dtype=np.int64)
         self.failures = np.array(state["failures"], dtype=np.int64)
+
+
+def _floats(values: Any) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values.astype(np.float64)
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)

@@ -22,6 +22,7 @@ from vatra.engine.optim import build_optimizer, build_scheduler
 from vatra.engine.trainer import call_model
 from vatra.errors import VatraError
 from vatra.federated._base import EvalRes, FitIns, FitRes, UploadHook
+from vatra.federated.batched import GroupTrainer, batchable
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import ClientData
 from vatra.federated.evaluate import Scorer, batch_fetcher
@@ -115,6 +116,7 @@ class LocalClient:
         self.loss = build_loss(cfg.train, spec)
         self.scorer = Scorer(cfg, self.model, spec, self.loss)
         self.hook = hook or build_upload_hook(cfg, self.layout)
+        self.group = GroupTrainer(cfg, self.model, self.loss, self.layout)
         self.speeds = client_speeds(cfg.run.seed, cfg.federated.clients, cfg.federated.speed_sigma)
         self.in_round: dict[int, int] = {}  # client → the newest round it was given a task for
         self.reports: dict[int, EvalRes] = {}  # client → its report on the last round it evaluated
@@ -223,6 +225,52 @@ class LocalClient:
         update = (trained[body].astype(np.float64) - start[body]).astype(np.float32)
         res = FitRes(cid, ins.round, data.num_train, update, metrics)
         return self.hook.encode(res, ins), (trained[-head:].copy() if head else None)
+
+    def fit_group(self, group: list[FitIns]) -> list[FitRes] | None:
+        """Train a round's clients together, vmapped over their stacked weights
+        (:mod:`vatra.federated.batched`): the same results as :meth:`fit` one by one, within float
+        tolerance. None when the round's config needs the per-client loop."""
+        conf = group[0].config
+        plugins = len(self.hook.client_plugins(self.model))
+        if any(True for _ in self.loss.parameters()) or not all(
+            batchable(self.cfg, i.config, self.model, len(i.models), plugins) for i in group
+        ):
+            return None  # a loss with weights of its own trains beside the model: the loop does that
+        batch = self.cfg.train.batch_size
+        steps = local_steps(conf, 1, batch)
+        datas = [self.data_of(i.client_id) for i in group]
+        xs, ys = [], []
+        for ins, data in zip(group, datas, strict=True):
+            seed = client_seed(self.cfg.run.seed, ins.round, ins.client_id)
+            sampler = ShardSampler(data.train_rows, batch, seed=seed)
+            fetch = batch_fetcher(data.train)
+            batches = [fetch(sampler.next_batch()) for _ in range(steps)]
+            if isinstance(getattr(data.train, "provenance", None), dict) or not all(
+                isinstance(b[0], torch.Tensor) for b in batches
+            ):
+                return None  # dict inputs, or a Delta table whose version each result names: the loop
+            xs.append(torch.stack([b[0] for b in batches]))  # (steps, B, ...)
+            ys.append(torch.stack([b[1] for b in batches]))  # (steps, B)
+        starts = np.stack([i.models[0] for i in group])  # (C, P)
+        t0 = time.perf_counter()
+        trained, losses = self.group.train(starts, torch.stack(xs, dim=1), torch.stack(ys, dim=1))
+        train_time = (time.perf_counter() - t0) / len(group)  # each client's share of the batch
+        out = []
+        for c, (ins, data) in enumerate(zip(group, datas, strict=True)):
+            cid = ins.client_id
+            self.in_round[cid] = max(self.in_round.get(cid, 0), ins.round)
+            modelled = steps * self.cfg.federated.step_time_s * float(self.speeds[cid % len(self.speeds)])
+            metrics: dict[str, Any] = {
+                "loss_before": float(losses[c, 0]),
+                "train_loss": float(np.mean(losses[c])),
+                "steps": steps,
+                "train_time_s": train_time,
+                "duration_s": modelled if self.cfg.federated.step_time_s > 0 else train_time,
+                "model": 0,
+            }
+            update = (trained[c].astype(np.float64) - starts[c]).astype(np.float32)
+            out.append(self.hook.encode(FitRes(cid, ins.round, data.num_train, update, metrics), ins))
+        return out
 
     def evaluate(self, ins: FitIns, personal: np.ndarray | None = None) -> EvalRes:
         """Score the model(s) sent on this client's own held-out rows (the hook filters the report),

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset
 from vatra.config import Config, PartitionConfig
 from vatra.data import DataContext, Datasets, DatasetSpec, Split, TargetSpec, build_dataset, partition
 from vatra.errors import ConfigError
+from vatra.federated.population import Owners, held_out_counts, owner_shards
 
 ImageTransform = Callable[[np.ndarray], np.ndarray]  # (N, H, W) -> (N, H, W)
 
@@ -218,7 +219,7 @@ def read_partition_file(path: str, n: int, clients: int) -> list[np.ndarray]:
     return shards
 
 
-def column_shards(train: Any, column: str, clients: int) -> tuple[list[np.ndarray], list[str]]:
+def column_shards(train: Any, column: str, clients: int) -> tuple[Owners, list[str]]:
     """One shard per distinct value of ``column`` (sorted), and those values as strings."""
     values = getattr(train, "columns", {}).get(column)
     if values is None:
@@ -232,14 +233,15 @@ def column_shards(train: Any, column: str, clients: int) -> tuple[list[np.ndarra
             f"federated.partition.column: {column!r} has {len(names)} distinct values in the training rows "
             f"but federated.clients = {clients}; set clients = {len(names)}"
         )
-    return [np.flatnonzero(owner == c) for c in range(len(names))], [str(v) for v in names]
+    return Owners.of_owner(owner.astype(np.int64), len(names)), [str(v) for v in names]
 
 
 def client_shards(
     n: int, labels: np.ndarray | None, clients: int, p: PartitionConfig, seed: int
 ) -> list[np.ndarray]:
     """One sorted index array per client (synthetic splits). ``iid`` with ``size_skew`` > 0 draws
-    log-normal sizes."""
+    log-normal sizes. The eager reference of :func:`~vatra.federated.population.owner_shards`, which
+    simulations use (the same rows, without a Python object per client)."""
     if p.method == "iid" and p.size_skew > 0:
         if clients > n:
             raise ConfigError(f"federated.clients: cannot split {n} samples among {clients} clients")
@@ -272,34 +274,56 @@ def hold_out(rows: np.ndarray, fraction: float, seed: int, client: int) -> tuple
 class Federation:
     """Every simulated owner's data, split from one dataset (a simulation's whole world).
 
-    Client ``c`` owns training rows ``shards[c]`` (seen under its input transform ``shifts[c]``),
-    trains on ``train_rows[c]`` and evaluates on ``val_rows[c]``, both parts of its shard.
+    Client ``c`` owns training rows ``population.rows(c)`` (seen under the input transform
+    ``shift_names[c % len(shift_names)]``), holds out a seeded ``val_fraction`` of them and trains on
+    the rest. Nothing per client exists until :meth:`client_data` builds it (when the client is
+    selected; dropped after), so memory grows with the clients selected, not those registered.
     ``server_val`` is the dataset's validation split: the server's own held-out data.
     """
 
     train: Any
     spec: DatasetSpec
-    shards: list[np.ndarray]
-    shifts: list[str]  # per client
-    train_rows: list[np.ndarray]
-    val_rows: list[np.ndarray]
-    owners: list[str]  # what names each client: its column value, or its index
+    population: Owners
+    shift_names: list[str]
+    val_fraction: float
+    seed: int
     _shifted_train: dict[str, Any]
     server_val: Any | None
+    owner_names: list[str] | None = None  # a column's values; None: each client is named by its index
 
     @property
     def num_clients(self) -> int:
-        return len(self.shards)
+        return self.population.clients
+
+    @property
+    def val_sizes(self) -> np.ndarray:
+        """Rows each client holds out (0: it only trains)."""
+        return held_out_counts(self.population.sizes, self.val_fraction)
 
     @property
     def sizes(self) -> np.ndarray:
-        return np.array([len(s) for s in self.train_rows], dtype=np.int64)
+        """Rows each client trains on."""
+        return self.population.sizes - self.val_sizes
+
+    @property
+    def shards(self) -> list[np.ndarray]:
+        return self.population.lists()
+
+    @property
+    def shifts(self) -> list[str]:
+        return [self.shift_names[c % len(self.shift_names)] for c in range(self.num_clients)]
+
+    @property
+    def owners(self) -> list[str]:
+        return self.owner_names or [str(c) for c in range(self.num_clients)]
 
     def client_data(self, client: int) -> ClientData:
-        train = self._shifted_train[self.shifts[client]]
-        return ClientData(train, self.train_rows[client], train, self.val_rows[client], self.spec)
+        """Client ``client``'s rows, materialised now (a few arrays; the dataset itself is shared)."""
+        train = self._shifted_train[self.shift_names[client % len(self.shift_names)]]
+        rows, held = hold_out(self.population.rows(client), self.val_fraction, self.seed, client)
+        return ClientData(train, rows, train, held, self.spec)
 
-    def partition_json(self) -> str:
+    def partition_json(self) -> str | None:
         """The owners' rows as ``federated.partition.file`` reads them."""
         return json.dumps([s.tolist() for s in self.shards])
 
@@ -324,11 +348,11 @@ def build_federation(cfg: Config) -> Federation:
     _map_style(train, "data")
     _map_style(val, "data")
     n = len(train)
-    owners = [str(c) for c in range(fed.clients)]
+    names: list[str] | None = None
     if p.method == "file":
-        shards = read_partition_file(p.file, n, fed.clients)
+        population = Owners.of_lists(read_partition_file(p.file, n, fed.clients))
     elif p.method == "column":
-        shards, owners = column_shards(train, p.column, fed.clients)
+        population, names = column_shards(train, p.column, fed.clients)
     else:
         labels = getattr(train, "labels", None)
         if p.method in ("dirichlet", "label_skew") and labels is None:
@@ -336,25 +360,15 @@ def build_federation(cfg: Config) -> Federation:
                 f"federated.partition.method = {p.method!r} splits by label; this dataset has no class "
                 "labels — use iid, column or file"
             )
-        shards = client_shards(n, labels, fed.clients, p, cfg.run.seed)
-    names = p.feature_shift or ["identity"]
-    shifts = [names[c % len(names)] for c in range(fed.clients)]
-    used = sorted(set(shifts))
+        population = owner_shards(n, labels, fed.clients, p, cfg.run.seed)
+    shift_names = p.feature_shift or ["identity"]
+    used = sorted(set(shift_names[: fed.clients]))
     if used != ["identity"] and not isinstance(train, Split):
         raise ConfigError("federated.partition.feature_shift: needs an in-memory image dataset (digits, npz)")
     shifted = {s: shift_split(train, spec, s) if s != "identity" else train for s in used}
     server_val = val
     if used != ["identity"] and isinstance(val, Split):
         server_val = _concat([shift_split(val, spec, s) for s in used])
-    parts = [hold_out(rows, fed.val_fraction, cfg.run.seed, c) for c, rows in enumerate(shards)]
     return Federation(
-        train,
-        spec,
-        shards,
-        shifts,
-        [t for t, _ in parts],
-        [v for _, v in parts],
-        owners,
-        shifted,
-        server_val,
+        train, spec, population, shift_names, fed.val_fraction, cfg.run.seed, shifted, server_val, names
     )

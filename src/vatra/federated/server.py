@@ -41,6 +41,7 @@ from vatra.federated.compression import build_upload_hook
 from vatra.federated.evaluate import Scorer, ServerEvaluator
 from vatra.federated.headline import Headline
 from vatra.federated.robust import screen
+from vatra.federated.selection import evaluation_sample
 from vatra.federated.wire import WireError, decode, encode
 from vatra.losses import build_loss
 from vatra.rundir import RunDir, append_jsonl, read_jsonl
@@ -107,8 +108,16 @@ class FederatedServer:
     # ------------------------------------------------------------ checkpoint
     def _save(self, metrics: dict[str, Any]) -> None:
         meta, arrays = self.strategy.state()
-        facts = {"round": self.round, "strategy": meta, "selector": self.selector.state(), "metrics": metrics}
-        blob = encode({**facts, "hook": self.hook.state()}, {f"strategy.{k}": v for k, v in arrays.items()})
+        chosen = self.selector.state()  # per-client arrays (adaptive) travel as tensors, not JSON lists
+        facts = {
+            "round": self.round,
+            "strategy": meta,
+            "selector": {k: v for k, v in chosen.items() if not isinstance(v, np.ndarray)},
+            "metrics": metrics,
+        }
+        tensors = {f"strategy.{k}": v for k, v in arrays.items()}
+        tensors.update({f"selector.{k}": v for k, v in chosen.items() if isinstance(v, np.ndarray)})
+        blob = encode({**facts, "hook": self.hook.state()}, tensors)
         self.checkpoints.save_round(self.round, blob, metrics)  # a crash leaves the last round's version
 
     def _resume(self) -> bool:
@@ -118,9 +127,10 @@ class FederatedServer:
         where, blob = found
         try:
             meta, tensors = decode(blob)
-            arrays = {k.removeprefix("strategy."): v for k, v in tensors.items()}
+            arrays = {k.removeprefix("strategy."): v for k, v in tensors.items() if k.startswith("strategy.")}
+            chosen = {k.removeprefix("selector."): v for k, v in tensors.items() if k.startswith("selector.")}
             self.strategy.load_state(meta["strategy"], arrays)
-            self.selector.load_state(meta["selector"])
+            self.selector.load_state({**meta["selector"], **chosen})
             self.round = int(meta["round"])
             if (
                 not 0 <= self.round <= self.fcfg.rounds
@@ -203,16 +213,20 @@ class FederatedServer:
         return check_eval_numbers(rep) or self.strategy.check_eval(rep)
 
     def evaluate(self, rnd: int, available: list[int]) -> dict[str, Any]:
-        """The server's own score (when it has data) and, on evaluation rounds, the clients' reports."""
+        """The server's own score (when it has data) and, on evaluation rounds, the reports of a seeded
+        sample of the available clients (``federated.evaluate_clients``; ``evaluate_asked`` of them
+        asked, ``evaluated_clients`` of them held rows out and reported)."""
         out = self.evaluator.score(self.strategy.server_models())
         every = self.fcfg.evaluate_every
         if every and (rnd % every == 0 or rnd == self.fcfg.rounds):
-            ins = self.strategy.configure_evaluate(rnd, available)
+            asked = evaluation_sample(self.cfg.run.seed, rnd, available, self.fcfg.evaluate_clients)
+            ins = self.strategy.configure_evaluate(rnd, asked)
             reports, failures = self.executor.evaluate(rnd, ins)
             reports, rejected = self._checked(rnd, ins, reports, self._check_eval, "evaluate")
             for f in [*failures, *rejected]:
                 self.run_dir.log_event("client_eval_failed", round=rnd, client=f.client_id, reason=f.reason)
             out.update(self.strategy.aggregate_evaluate(rnd, sorted(reports, key=lambda r: r.client_id)))
+            out["evaluate_asked"] = len(asked)
         self.headline.add_globals(out)
         return out
 
@@ -243,11 +257,9 @@ class FederatedServer:
         t_fit = time.perf_counter()
         # a client that failed this round (silent, past the deadline, rejected) is not asked again:
         # one deadline per client per round
-        failed = {f.client_id for f in failures}
-        metrics: dict[str, Any] = {
-            "round": rnd,
-            **self.evaluate(rnd, [c for c in available if c not in failed]),
-        }
+        failed = np.fromiter((f.client_id for f in failures), dtype=np.int64)
+        pool = np.asarray(available, dtype=np.int64)
+        metrics: dict[str, Any] = {"round": rnd, **self.evaluate(rnd, pool[~np.isin(pool, failed)].tolist())}
         durations = [float(r.metrics.get("duration_s", 0.0)) for r in results]
         losses = [float(r.metrics["train_loss"]) for r in results if "train_loss" in r.metrics]
         metrics.update(

@@ -20,7 +20,8 @@ from vatra.config import Config, config_from_dict, dump_toml
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.data import Federation, build_federation
+from vatra.federated.data import Federation
+from vatra.federated.owned import OwnedFederation, build_owners
 from vatra.federated.private import build_private_hook
 from vatra.federated.server import FederatedServer
 from vatra.federated.wire import (
@@ -38,11 +39,13 @@ from vatra.rundir import RunDir
 _CLIENT: LocalClient | None = None  # one per worker process
 
 
-def _init_worker(raw_cfg: dict[str, Any], hook: UploadHook | None, fed: Federation | None = None) -> None:
+def _init_worker(
+    raw_cfg: dict[str, Any], hook: UploadHook | None, fed: Federation | OwnedFederation | None = None
+) -> None:
     global _CLIENT
     torch.set_num_threads(1)
     cfg = config_from_dict(raw_cfg)
-    fed = fed or build_federation(cfg)
+    fed = fed or build_owners(cfg)
     _CLIENT = LocalClient(cfg, fed.spec, fed.client_data, hook)
 
 
@@ -50,6 +53,13 @@ def _run_task(blob: bytes, personal: np.ndarray | None) -> tuple[bytes, np.ndarr
     assert _CLIENT is not None, "worker not initialised"
     res, personal = _CLIENT.fit(decode_ins(blob), personal)
     return encode_res(res), personal
+
+
+def _run_group(blobs: list[bytes]) -> list[tuple[bytes, None]] | None:
+    """A round's clients trained together (vmap), or None when their config needs the loop."""
+    assert _CLIENT is not None, "worker not initialised"
+    results = _CLIENT.fit_group([decode_ins(b) for b in blobs])
+    return None if results is None else [(encode_res(r), None) for r in results]
 
 
 def _run_eval(blob: bytes, personal: np.ndarray | None) -> bytes:
@@ -60,11 +70,14 @@ def _run_eval(blob: bytes, personal: np.ndarray | None) -> bytes:
 class SimulationExecutor:
     """Every client is always available; a round's clients run in ``workers`` processes (or this one)."""
 
-    def __init__(self, cfg: Config, fed: Federation, hook: UploadHook | None = None) -> None:
+    def __init__(
+        self, cfg: Config, fed: Federation | OwnedFederation, hook: UploadHook | None = None
+    ) -> None:
         self.cfg = cfg
         self.fed = fed
         self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed.spec)[1])
         self.personal: dict[int, np.ndarray] = {}
+        self.holds_out = fed.val_sizes > 0  # (clients,) bool
         self.workers = cfg.federated.workers
         self.pool: ProcessPoolExecutor | None = None
         if self.workers > 1:
@@ -79,7 +92,7 @@ class SimulationExecutor:
             _init_worker(cfg.model_dump(mode="json"), self.hook, fed)
 
     def available(self) -> list[int]:
-        return list(range(self.fed.num_clients))
+        return np.arange(self.fed.num_clients).tolist()
 
     def _map(self, fn: Any, blobs: list[bytes], personal: list[np.ndarray | None]) -> list[Any]:
         if self.pool is None:
@@ -92,7 +105,8 @@ class SimulationExecutor:
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         order = sorted(ins)
         blobs = [encode_ins(ins[c]) for c in order]
-        outs = self._map(_run_task, blobs, [self.personal.get(c) for c in order])
+        grouped = _run_group(blobs) if self.pool is None and len(blobs) > 1 else None
+        outs = grouped or self._map(_run_task, blobs, [self.personal.get(c) for c in order])
         results: list[FitRes] = []
         failures: list[Failure] = []
         for c, (blob, head) in zip(order, outs, strict=True):
@@ -113,7 +127,7 @@ class SimulationExecutor:
         return results, failures, sum(map(len, blobs)), sum(len(b) for b, _ in outs)
 
     def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
-        order = [c for c in sorted(ins) if len(self.fed.val_rows[c])]  # clients that hold rows out
+        order = [c for c in sorted(ins) if self.holds_out[c]]  # clients that hold rows out
         blobs = [encode_ins(ins[c]) for c in order]
         outs = self._map(_run_eval, blobs, [self.personal.get(c) for c in order])
         reports: list[EvalRes] = []
@@ -151,8 +165,10 @@ def simulate(
         cfg = pin(cfg)
     run_dir.create()
     run_dir.config.write_text(dump_toml(cfg))
-    fed = build_federation(cfg)
-    (run_dir.path / "partition.json").write_text(fed.partition_json())
+    fed = build_owners(cfg)
+    rows = fed.partition_json()  # None: owners read their own sources (federated.client_data)
+    if rows is not None:
+        (run_dir.path / "partition.json").write_text(rows)
     hook = hook or build_private_hook(cfg, run_dir)  # None unless secure aggregation or DP is on
     executor = SimulationExecutor(cfg, fed, hook)
     clients = hook.wrap(executor) if hook is not None else executor

@@ -77,6 +77,7 @@ PANELS = (
 SKIP_EXTRA = {
     "step", "round", "skipped", "step_time_s", "compute_time_s", "slowest_rank", "attempt",
     "server_examples", "evaluated_clients", "evaluated_examples", "batch_size", "busy_time_s",
+    "evaluate_asked",
 }  # fmt: skip
 EVENT_STYLE = {  # event -> (colour, line style, label)
     "anomaly": ("tab:red", ":", "anomaly"),
