@@ -221,7 +221,7 @@ def test_memory_drops_residual_of_a_rebuilt_bucket() -> None:
 
 
 def test_registry_names_and_config_errors() -> None:
-    assert COMPRESSORS.names() == ["bf16", "fp16", "none", "onebit", "powersgd", "qsgd", "randomk", "topk"]
+    assert COMPRESSORS.names() == ["bf16", "fp16", "int8", "none", "onebit", "powersgd", "qsgd", "randomk", "topk"]
     with pytest.raises(ConfigError, match="powersgd"):
         build_compressor(CommConfig(method="powersgd"))
     with pytest.raises(ValueError, match=r"comm\.topology"):
@@ -234,3 +234,17 @@ def test_registry_names_and_config_errors() -> None:
     with pytest.raises(ValueError, match=r"comm\.error_feedback = false does not"):
         CommConfig(method="topk", momentum_correction=True, error_feedback=False)
     assert CommConfig(method="fp16", momentum_correction=True).momentum_correction
+
+
+def test_int8_is_a_quarter_of_fp32_with_per_row_scales_and_refuses_a_wrong_payload() -> None:
+    comp = build_compressor(CommConfig(method="int8"))
+    x = _grad((64, 33))
+    payload, ctx = comp.compress(x)
+    y = comp.decompress(payload, ctx)
+    # rounding to nearest: each element within half a step of its row's scale (amax / 127)
+    step = x.abs().amax(dim=1, keepdim=True) / 127
+    assert bool(((y - x).abs() <= step / 2 + 1e-7).all())
+    assert _payload_bytes(payload) == 64 * 33 + 4 * 64  # 1 byte an element, 4 a row
+    assert comp.error_feedback and not comp.stochastic
+    with pytest.raises(ValueError, match="scales"):
+        comp.decompress([payload[0], payload[1][:3]], ctx)

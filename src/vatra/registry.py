@@ -242,6 +242,7 @@ COMPRESSORS = Registry(
     {
         "bf16": "vatra.comm.bf16:BF16",
         "fp16": "vatra.comm.fp16:FP16",
+        "int8": "vatra.comm.int8:Int8",
         "none": "vatra.comm.none:NoCompression",
         "onebit": "vatra.comm.onebit:OneBit",
         "powersgd": "vatra.comm.powersgd:PowerSGDHookState",
