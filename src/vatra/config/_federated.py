@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from vatra.config._edgesync import EdgeSyncConfig
 from vatra.config._privacy import PrivacyConfig, SecureAggregationConfig
 from vatra.config._robust import RobustConfig
 from vatra.config._sections import Section
@@ -190,6 +191,7 @@ class FederatedConfig(Section):
     secure_aggregation: SecureAggregationConfig = Field(default_factory=SecureAggregationConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     robust: RobustConfig = Field(default_factory=RobustConfig)
+    edge: EdgeSyncConfig = Field(default_factory=EdgeSyncConfig)
 
     _strategy = field_validator("strategy")(lambda v: STRATEGIES.check(v))
     _selection = field_validator("selection")(lambda v: SELECTORS.check(v))
@@ -205,6 +207,11 @@ class FederatedConfig(Section):
         if self.clients_per_round > self.clients:
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) > clients ({self.clients}); lower it"
+            )
+        if self.edge.error_feedback and self.workers > 1:
+            raise ValueError(
+                "federated.edge.error_feedback keeps each client's residual in the process that trains "
+                f"it, but workers = {self.workers} runs a client in any of them; set workers = 1"
             )
         sa = self.secure_aggregation
         if sa.enabled:  # a threshold that is no majority, or a ring too small, fails here, not in round 1

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from vatra.compress import is_prepared, prepare_qat
 from vatra.config import Config
 from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import Plugin, Trainer, seed_everything
@@ -25,6 +26,7 @@ from vatra.federated._base import EvalRes, FitIns, FitRes, UploadHook
 from vatra.federated.batched import GroupTrainer, batchable
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import ClientData
+from vatra.federated.edgesync import profile_speeds
 from vatra.federated.evaluate import Scorer, batch_fetcher
 from vatra.federated.params import ParamLayout
 from vatra.federated.perfedavg import meta_gradient, personalise
@@ -117,7 +119,11 @@ class LocalClient:
         self.scorer = Scorer(cfg, self.model, spec, self.loss)
         self.hook = hook or build_upload_hook(cfg, self.layout)
         self.group = GroupTrainer(cfg, self.model, self.loss, self.layout)
-        self.speeds = client_speeds(cfg.run.seed, cfg.federated.clients, cfg.federated.speed_sigma)
+        # slowness: log-normal spread, divided by the device profile's speed (federated.edge.profiles)
+        spread = client_speeds(cfg.run.seed, cfg.federated.clients, cfg.federated.speed_sigma)
+        self.speeds = spread / profile_speeds(cfg)
+        if cfg.edge.qat != "none":  # edge clients train with the int8 rounding their device will run
+            prepare_qat(self.model)
         self.in_round: dict[int, int] = {}  # client → the newest round it was given a task for
         self.reports: dict[int, EvalRes] = {}  # client → its report on the last round it evaluated
 
@@ -231,6 +237,8 @@ class LocalClient:
         (:mod:`vatra.federated.batched`): the same results as :meth:`fit` one by one, within float
         tolerance. None when the round's config needs the per-client loop."""
         conf = group[0].config
+        if is_prepared(self.model):
+            return None  # fake-quantized Linear layers (edge.qat) patch forward: the loop trains them
         plugins = len(self.hook.client_plugins(self.model))
         if any(True for _ in self.loss.parameters()) or not all(
             batchable(self.cfg, i.config, self.model, len(i.models), plugins) for i in group

@@ -5,8 +5,10 @@
 of a client's update with the compressor ``vatra.comm`` uses for gradients, configured by the
 ``[comm]`` section (``ratio``, ``levels``, ``min_numel``: smaller tensors travel
 uncompressed). The payload travels instead of the dense update and the server rebuilds the update
-before the shape/NaN checks and aggregation. No error feedback: clients would have to keep a
-residual across rounds, and in simulation a client's rounds run in different worker processes.
+before the shape/NaN checks and aggregation. With ``federated.edge.error_feedback`` each client
+keeps what compression dropped from its update (per client and tensor, in the hook of the process
+that trains it: a deployed client's own, or the simulation's single process) and adds it to its
+next round's update, as the DDP hook does per step (EF-SGD).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vatra.comm import build_compressor
+from vatra.comm import Memory, NoMemory, build_compressor
 from vatra.comm._base import Compressor, Ctx
 from vatra.config import Config
 from vatra.federated._base import FitIns, FitRes, UploadHook
@@ -32,6 +34,9 @@ class CompressedUpload(UploadHook):
         self.compressor: Compressor = build_compressor(comm, "federated.compression")
         self.min_numel = cfg.comm.min_numel
         self.layout = layout
+        c = self.compressor
+        self.feedback = cfg.federated.edge.error_feedback and c.error_feedback and not c.lossless
+        self.memory: Memory = Memory() if self.feedback else NoMemory()  # keyed by (client, tensor)
 
     def _chunks(self, total: int) -> list[tuple[int, int, tuple[int, ...]]]:
         """(offset, size, shape) of each parameter tensor inside an update of ``total`` floats."""
@@ -48,11 +53,17 @@ class CompressedUpload(UploadHook):
     def encode(self, res: FitRes, ins: FitIns) -> FitRes:
         payload: dict[str, np.ndarray] = {}
         for i, (offset, size, shape) in enumerate(self._chunks(res.update.size)):
-            chunk = torch.from_numpy(res.update[offset : offset + size].copy()).view(shape)
+            key = (res.client_id, i)
+            chunk = self.memory.compensate(
+                torch.from_numpy(res.update[offset : offset + size].copy()).view(shape), key
+            )
             if size < self.min_numel:
                 payload[f"{i}.raw"] = chunk.reshape(-1).numpy()
+                self.memory.drop(key)  # sent whole: nothing left over
                 continue
-            parts, _ = self.compressor.compress(chunk)
+            parts, ctx = self.compressor.compress(chunk)
+            if self.feedback:  # what the server will rebuild; the rest waits for the next round
+                self.memory.update(chunk, key, self.compressor.decompress(parts, ctx))
             for j, p in enumerate(parts):
                 if p.dtype == torch.bfloat16:
                     payload[f"{i}.{j}{_BF16}"] = p.view(torch.int16).numpy()

@@ -21,6 +21,7 @@ from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import Federation
+from vatra.federated.edgesync import EdgeSync
 from vatra.federated.owned import OwnedFederation, build_owners
 from vatra.federated.private import build_private_hook
 from vatra.federated.server import FederatedServer
@@ -75,7 +76,9 @@ class SimulationExecutor:
     ) -> None:
         self.cfg = cfg
         self.fed = fed
-        self.hook = hook or build_upload_hook(cfg, initial_weights(cfg, fed.spec)[1])
+        layout = initial_weights(cfg, fed.spec)[1]
+        self.hook = hook or build_upload_hook(cfg, layout)
+        self.sync = EdgeSync(cfg, layout.shapes)  # what each client's device is sent (fp32 or int8)
         self.personal: dict[int, np.ndarray] = {}
         self.holds_out = fed.val_sizes > 0  # (clients,) bool
         self.workers = cfg.federated.workers
@@ -104,7 +107,7 @@ class SimulationExecutor:
         self, rnd: int, ins: dict[int, FitIns], expected: int
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         order = sorted(ins)
-        blobs = [encode_ins(ins[c]) for c in order]
+        blobs = [encode_ins(ins[c], self.sync.shapes_for(c)) for c in order]
         grouped = _run_group(blobs) if self.pool is None and len(blobs) > 1 else None
         outs = grouped or self._map(_run_task, blobs, [self.personal.get(c) for c in order])
         results: list[FitRes] = []
@@ -128,7 +131,7 @@ class SimulationExecutor:
 
     def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
         order = [c for c in sorted(ins) if self.holds_out[c]]  # clients that hold rows out
-        blobs = [encode_ins(ins[c]) for c in order]
+        blobs = [encode_ins(ins[c], self.sync.shapes_for(c)) for c in order]  # scored as they run it
         outs = self._map(_run_eval, blobs, [self.personal.get(c) for c in order])
         reports: list[EvalRes] = []
         failures: list[Failure] = []

@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from vatra.federated._base import EvalRes, FitIns, FitRes
+from vatra.federated.edgesync import Shapes, pack_int8, unpack_int8
 
 MAX_HEADER = 100 * 1024 * 1024
 MAX_RES_HEADER = 1024 * 1024  # a fit result's header: tensor entries + metrics (a few kB in practice)
@@ -175,10 +176,17 @@ def decode_views(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return meta, tensors
 
 
-def encode_ins(ins: FitIns) -> bytes:
+def encode_ins(ins: FitIns, int8: Shapes | None = None) -> bytes:
+    """A fit instruction; with ``int8`` (the model's parameter shapes) its models travel as int8
+    with per-row scales (:func:`vatra.federated.edgesync.pack_int8`)."""
     meta = {"kind": "fit_ins", "client_id": ins.client_id, "round": ins.round, "config": ins.config}
     meta["models"] = len(ins.models)
-    return encode(meta, {f"model.{i}": m for i, m in enumerate(ins.models)})
+    if int8 is None:
+        return encode(meta, {f"model.{i}": m for i, m in enumerate(ins.models)})
+    meta["int8_chunks"] = len(int8)
+    return encode(
+        meta, {k: v for i, m in enumerate(ins.models) for k, v in pack_int8(m, int8, f"model.{i}").items()}
+    )
 
 
 def decode_ins(blob: bytes) -> FitIns:
@@ -186,7 +194,11 @@ def decode_ins(blob: bytes) -> FitIns:
     try:
         if meta.get("kind", "fit_ins") != "fit_ins" or not isinstance(meta["config"], dict):
             raise WireError("not a fit instruction (kind fit_ins with a config object)")
-        models = [tensors[f"model.{i}"] for i in range(int(meta["models"]))]
+        chunks = meta.get("int8_chunks")
+        if chunks is not None:  # an int8 download: the client trains from (and runs) the dequantized model
+            models = [unpack_int8(tensors, f"model.{i}", int(chunks)) for i in range(int(meta["models"]))]
+        else:
+            models = [tensors[f"model.{i}"] for i in range(int(meta["models"]))]
         return FitIns(int(meta["client_id"]), int(meta["round"]), models, dict(meta["config"]))
     except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise WireError(f"fit instruction is incomplete: {err!r}") from None
