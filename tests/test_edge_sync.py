@@ -1,0 +1,156 @@
+"""Cloud-edge federated sync: int8 downloads and uploads, per-client error feedback, device profiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tests.conftest import small_config
+
+from vatra.cli import main
+from vatra.compress import is_prepared
+from vatra.config import Config
+from vatra.errors import ConfigError
+from vatra.federated import FitIns, FitRes
+from vatra.federated.client import LocalClient
+from vatra.federated.compression import build_upload_hook
+from vatra.federated.data import build_federation
+from vatra.federated.edgesync import EdgeSync, int8_bytes, pack_int8
+from vatra.federated.params import ParamLayout
+from vatra.federated.simulation import simulate
+from vatra.federated.wire import WireError, decode_ins, decode_res, encode, encode_ins, encode_res
+from vatra.rundir import RunDir, read_jsonl
+
+EDGE = {"download": "int8", "error_feedback": True}
+
+
+def _cfg(edge: dict[str, Any] | None = None, compression: str = "none", qat: str = "none") -> Config:
+    return small_config(
+        model={"name": "mlp", "hidden": [128]},
+        train={"batch_size": 16},
+        optim={"name": "sgd", "lr": 0.1, "momentum": 0.9},
+        comm={"min_numel": 256},
+        monitor={"report": False},  # the 10-class head's bias travels raw, the matrices in int8
+        edge={"qat": qat},
+        federated={
+            "clients": 4,
+            "rounds": 3,
+            "local_steps": 10,
+            "compression": compression,
+            "edge": edge or {},
+            "partition": {"method": "iid"},
+        },
+    )
+
+
+def _run(cfg: Config, path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    summary = simulate(cfg, RunDir(path), progress=False)
+    return read_jsonl(path / "metrics.jsonl"), summary
+
+
+def test_edge_round_trip_is_four_times_smaller_both_ways_and_as_accurate(tmp_path: Path) -> None:
+    # Prepare: full-precision FL, then the edge run: int8 uploads with error feedback, int8 downloads, QAT
+    full, _ = _run(_cfg(), tmp_path / "fp32")
+    edge, _ = _run(_cfg(EDGE, compression="int8", qat="int8"), tmp_path / "edge")
+    # Assert: every round's messages ~4x smaller each way (1 byte a weight + 4 a row + the headers)
+    for f, e in zip(full, edge, strict=True):
+        assert f["bytes_down"] / e["bytes_down"] > 3.4
+        assert f["bytes_up"] / e["bytes_up"] > 3.4
+    # the tiny run ends where full precision does (digits, 3 rounds: ~0.79; int8 noise is far smaller)
+    assert edge[-1]["global_accuracy"] == pytest.approx(full[-1]["global_accuracy"], abs=0.03)
+    assert edge[-1]["global_accuracy"] > 0.7
+    assert edge[-1]["client_loss"] != full[-1]["client_loss"]  # not the same run: int8 changed the weights
+
+
+def test_error_feedback_keeps_each_clients_residual_for_its_next_upload() -> None:
+    # Prepare: an int8 upload hook with error feedback; two clients upload different updates
+    cfg = _cfg(EDGE, compression="int8")
+    layout = ParamLayout(("w", "b"), ((32, 16), (300,)))  # b: over min_numel, quantized as one row
+    hook = build_upload_hook(cfg, layout)
+    rng = np.random.default_rng(0)
+    updates = {c: rng.standard_normal(layout.size).astype(np.float32) for c in (0, 1)}
+
+    def upload(cid: int, rnd: int, update: np.ndarray) -> np.ndarray:
+        sent = hook.encode(FitRes(cid, rnd, 5, update.copy()), FitIns(cid, rnd, []))
+        return hook.decode(decode_res(encode_res(sent))).update
+
+    # Execute: round 1 for both, then a zero update from client 0
+    got = {c: upload(c, 1, u) for c, u in updates.items()}
+    residual_0 = {k: v.clone() for k, v in hook.memory.residuals.items() if k[0] == 0}
+    again = upload(0, 2, np.zeros(layout.size, np.float32))
+    # Assert: one residual per client and tensor; client 0's second upload carries its own leftover
+    assert sorted(hook.memory.residuals) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    leftover = np.concatenate([residual_0[(0, 0)].reshape(-1), residual_0[(0, 1)].reshape(-1)])
+    assert np.abs(leftover).max() > 0  # int8 rounding dropped something
+    np.testing.assert_allclose(again, leftover, atol=np.abs(leftover).max() / 127)
+    # what reached the server plus what is still held adds up to what client 0 trained
+    held = np.concatenate(
+        [t.reshape(-1).numpy() for k, t in sorted(hook.memory.residuals.items()) if k[0] == 0]
+    )
+    np.testing.assert_allclose(got[0] + again + held, updates[0], atol=1e-5)
+
+
+def test_device_profile_decides_what_each_client_is_sent() -> None:
+    # Prepare: a laptop, and a device that holds the int8 model but not the fp32 one
+    fp32_mb = 4 * (64 * 128 + 128 + 128 * 10 + 10) / 1e6
+    small = {"max_model_mb": fp32_mb * 0.5, "speed": 0.25}
+    cfg = _cfg({"profiles": ["laptop", "watch"], "device_profiles": {"watch": small}})
+    fed = build_federation(cfg)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
+    sync = EdgeSync(cfg, client.layout.shapes)
+    ins = FitIns(1, 1, [client.init])
+    # Execute / Assert: clients 0 and 2 get fp32, 1 and 3 the int8 model (a quarter of the bytes)
+    assert [sync.form(c) for c in range(4)] == ["fp32", "int8", "fp32", "int8"]
+    assert sync.int8_bytes == int8_bytes(client.layout.shapes) < 0.28 * sync.fp32_bytes
+    fp32_blob, int8_blob = encode_ins(ins, sync.shapes_for(0)), encode_ins(ins, sync.shapes_for(1))
+    assert len(int8_blob) < 0.3 * len(fp32_blob)
+    sent = decode_ins(int8_blob).models[0]  # what the watch trains from: within half an int8 step
+    w = client.init[: 64 * 128].reshape(128, 64)
+    step = np.abs(w).max(axis=1, keepdims=True) / 127
+    assert (np.abs(sent[: 64 * 128].reshape(128, 64) - w) <= step / 2 + 1e-7).all()
+    np.testing.assert_array_equal(sent[64 * 128 : 64 * 128 + 128], client.init[64 * 128 : 64 * 128 + 128])
+    # the watch trains four times slower than its log-normal draw (speed 0.25)
+    assert client.speeds[1] == pytest.approx(4.0) and client.speeds[0] == pytest.approx(1.0)
+
+
+def test_a_device_that_cannot_hold_even_the_int8_model_is_refused_in_one_line(
+    tmp_path: Path, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _cfg({"profiles": ["watch"], "device_profiles": {"watch": {"max_model_mb": 0.001}}})
+    fed = build_federation(cfg)
+    with pytest.raises(
+        ConfigError, match=r"'watch' holds 0.001 MB, but the model is 0.0384 MB in fp32 and 0.0106 MB in int8"
+    ):
+        EdgeSync(cfg, LocalClient(cfg, fed.spec, fed.client_data).layout.shapes)
+    # the command: one error line naming both sizes, exit 2, no traceback
+    toml = tmp_path / "edge.toml"
+    toml.write_text(
+        (root / "examples" / "fl_digits.toml").read_text()
+        + '\n[federated.edge]\nprofiles = ["watch"]\ndevice_profiles = {watch = {max_model_mb = 0.001}}\n'
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["federate", str(toml), "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert err.startswith("error: client 0's device profile 'watch' holds 0.001 MB") and "MB in int8" in err
+
+
+def test_qat_edge_clients_train_fake_quantized_and_a_bad_int8_download_is_a_wire_error() -> None:
+    cfg = _cfg(qat="int8")
+    fed = build_federation(cfg)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
+    assert is_prepared(client.model)
+    assert client.fit_group([FitIns(0, 1, [client.init]), FitIns(1, 1, [client.init])]) is None  # the loop
+    blob = encode_ins(FitIns(0, 1, [client.init]), client.layout.shapes)
+    assert len(decode_ins(blob).models[0]) == client.layout.size
+    meta = {"kind": "fit_ins", "client_id": 0, "round": 1, "config": {}, "models": 1, "int8_chunks": 4}
+    packed = pack_int8(client.init, client.layout.shapes, "model.0")
+    short = {**packed, "model.0.0.s": packed["model.0.0.s"][:5]}  # 5 scales for 128 rows
+    missing = {k: v for k, v in packed.items() if k != "model.0.2.q"}
+    for tensors in (short, missing):
+        with pytest.raises(WireError, match="incomplete"):
+            decode_ins(encode(meta, tensors))
+    with pytest.raises(ConfigError, match="workers = 1"):
+        small_config(federated={"workers": 2, "edge": {"error_feedback": True}})
