@@ -221,7 +221,17 @@ def test_memory_drops_residual_of_a_rebuilt_bucket() -> None:
 
 
 def test_registry_names_and_config_errors() -> None:
-    assert COMPRESSORS.names() == ["bf16", "fp16", "int8", "none", "onebit", "powersgd", "qsgd", "randomk", "topk"]
+    assert COMPRESSORS.names() == [
+        "bf16",
+        "fp16",
+        "int8",
+        "none",
+        "onebit",
+        "powersgd",
+        "qsgd",
+        "randomk",
+        "topk",
+    ]
     with pytest.raises(ConfigError, match="powersgd"):
         build_compressor(CommConfig(method="powersgd"))
     with pytest.raises(ValueError, match=r"comm\.topology"):

@@ -7,13 +7,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests._fl_helpers import start_client, start_server
 from tests.conftest import small_config
 
 from vatra.cli import main
 from vatra.compress import is_prepared
 from vatra.config import Config
-from vatra.errors import ConfigError
+from vatra.errors import ConfigError, VatraError
 from vatra.federated import FitIns, FitRes
+from vatra.federated.certs import generate
 from vatra.federated.client import LocalClient
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import build_federation
@@ -123,7 +125,7 @@ def test_a_device_that_cannot_hold_even_the_int8_model_is_refused_in_one_line(
     with pytest.raises(
         ConfigError, match=r"'watch' holds 0.001 MB, but the model is 0.0384 MB in fp32 and 0.0106 MB in int8"
     ):
-        EdgeSync(cfg, LocalClient(cfg, fed.spec, fed.client_data).layout.shapes)
+        EdgeSync(cfg, LocalClient(cfg, fed.spec, fed.client_data).layout.shapes).check_simulated(4)
     # the command: one error line naming both sizes, exit 2, no traceback
     toml = tmp_path / "edge.toml"
     toml.write_text(
@@ -154,3 +156,39 @@ def test_qat_edge_clients_train_fake_quantized_and_a_bad_int8_download_is_a_wire
             decode_ins(encode(meta, tensors))
     with pytest.raises(ConfigError, match="workers = 1"):
         small_config(federated={"workers": 2, "edge": {"error_feedback": True}})
+
+
+def test_a_deployed_client_declares_its_device_and_gets_what_its_simulated_twin_gets(tmp_path: Path) -> None:
+    # Prepare: client 1 runs on a watch that holds the int8 model, not the fp32 one; the simulation
+    # gives client 1 the same profile through federated.edge.profiles
+    watch = {"watch": {"max_model_mb": 0.005}, "tiny": {"max_model_mb": 0.001}}
+    fed_cfg = {"clients": 2, "rounds": 2, "local_steps": 3, "min_clients": 2, "evaluate_every": 0}
+    cfg = small_config(federated={**fed_cfg, "edge": {"device_profiles": watch}}, monitor={"report": False})
+    twin = small_config(
+        federated={**fed_cfg, "edge": {"device_profiles": watch, "profiles": ["laptop", "watch"]}},
+        monitor={"report": False},
+    )
+    plain = simulate(cfg, RunDir(tmp_path / "plain"), progress=False)
+    simulated = simulate(twin, RunDir(tmp_path / "sim"), progress=False)
+    generate(tmp_path / "certs", 2)
+    fed = build_federation(cfg)
+    server, address = start_server(cfg, tmp_path / "certs", tmp_path / "deploy", eval_data=fed.server_val)
+    # Execute: a device too small for either form is refused at its join, in one line with the sizes
+    with pytest.raises(
+        VatraError, match=r"client 1: .*'tiny' holds 0.001 MB, but the model is 0.0\d+ MB in fp32"
+    ):
+        start_client(
+            cfg, address, 1, tmp_path / "certs", data=fed.client_data(1), device_profile="tiny"
+        ).join_result(60)
+    profiles = [None, "watch"]
+    clients = [
+        start_client(cfg, address, c, tmp_path / "certs", data=fed.client_data(c), device_profile=profiles[c])
+        for c in range(2)
+    ]
+    deployed = server.join_result(120)
+    # Assert: the deployment trains what its simulated twin trains, and not what fp32 everywhere gives
+    assert [c.join_result(30) for c in clients] == [2, 2]
+    assert deployed["weights_sha256"] == simulated["weights_sha256"] != plain["weights_sha256"]
+    down = [r["bytes_down"] for r in read_jsonl(tmp_path / "deploy" / "metrics.jsonl")]
+    plain_down = [r["bytes_down"] for r in read_jsonl(tmp_path / "plain" / "metrics.jsonl")]
+    assert all(d < 0.7 * p for d, p in zip(down, plain_down, strict=True))  # one of two sent int8

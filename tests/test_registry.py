@@ -390,7 +390,11 @@ def test_bad_strings_of_other_families_name_their_key(user_module: str, tmp_path
 @pytest.mark.parametrize(
     ("raw", "start", "expected"),
     [
-        ({"comm": {"method": "zigzag"}}, "comm.method: unknown compressor 'zigzag'", "bf16, fp16, int8, none"),
+        (
+            {"comm": {"method": "zigzag"}},
+            "comm.method: unknown compressor 'zigzag'",
+            "bf16, fp16, int8, none",
+        ),
         ({"federated": {"strategy": "fedzig"}}, "federated.strategy: unknown strategy", "fedavg"),
         ({"federated": {"selection": "best"}}, "federated.selection: unknown client selector", "adaptive"),
         ({"federated": {"compression": "powersgd"}}, "federated.compression: powersgd is a DDP hook", "topk"),

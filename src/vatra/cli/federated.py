@@ -111,6 +111,12 @@ def client(
         60.0, "--retry-s", help="Keep reconnecting this long if the server is down."
     ),
     slow_s: float = typer.Option(0.0, "--slow-s", help="Sleep before each upload (emulates a slow device)."),
+    device_profile: str | None = typer.Option(
+        None,
+        "--device-profile",
+        help="The device this client runs on: laptop, phone, raspberry or one of federated.edge."
+        "device_profiles; the server sends the int8 model when the fp32 one is over its max_model_mb.",
+    ),
     data: str | None = typer.Option(
         None,
         "--data",
@@ -132,4 +138,5 @@ def client(
         retry_s=retry_s,
         slow_s=slow_s,
         progress=cfg.run.progress != "off",
+        device_profile=device_profile,
     )

@@ -13,8 +13,8 @@ from vatra.registry import COMPRESSORS
 class CommConfig(Section):
     method: str = Field(
         "none",
-        description="Gradient compressor: none, fp16, bf16, int8, topk, randomk, onebit, qsgd, powersgd, or an "
-        "import string 'package.module:Class' naming a vatra.comm.Compressor subclass (built with its "
+        description="Gradient compressor: none, fp16, bf16, int8, topk, randomk, onebit, qsgd, powersgd, "
+        "or an import string 'package.module:Class' naming a vatra.comm.Compressor subclass (built with its "
         "from_config(comm section)); 'none' on the flat topology keeps DDP's built-in all-reduce.",
     )
     ratio: float | Literal["auto"] = Field(

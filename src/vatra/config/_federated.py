@@ -144,8 +144,8 @@ class FederatedConfig(Section):
     compression: str = Field(
         "none",
         description="Client update compression with a vatra.comm compressor ([comm] ratio, levels): none, "
-        "fp16, bf16, int8 (per-row scales), topk, randomk, onebit, qsgd, or an import string 'package.module:Class' naming a "
-        "vatra.comm.Compressor subclass.",
+        "fp16, bf16, int8 (per-row scales), topk, randomk, onebit, qsgd, or an import string "
+        "'package.module:Class' naming a vatra.comm.Compressor subclass.",
     )
     workers: int = Field(
         1,

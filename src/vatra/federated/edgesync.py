@@ -16,7 +16,7 @@ import torch
 
 from vatra.comm.int8 import dequantize_rows, quantize_rows
 from vatra.config import Config
-from vatra.config._edgesync import DeviceProfile
+from vatra.config._edgesync import BUILTIN_PROFILES, DeviceProfile
 from vatra.errors import ConfigError
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -75,20 +75,39 @@ def profile_speeds(cfg: Config) -> np.ndarray:
 class EdgeSync:
     """Per client: its device profile, the form of the model it is sent, its relative speed."""
 
-    def __init__(self, cfg: Config, shapes: Shapes) -> None:
+    def __init__(self, cfg: Config, shapes: Shapes, *, simulated: bool = True) -> None:
         self.edge = cfg.federated.edge
+        self.simulated = simulated  # federated.edge.profiles applies; a deployment has declared ones only
         self.shapes = shapes
         self.fp32_bytes = 4 * sum(int(np.prod(s)) for s in shapes)
         self.int8_bytes = int8_bytes(shapes)
-        for c in range(min(cfg.federated.clients, len(self.edge.profiles))):  # each profile once
-            self.form(c)  # refuses a profile that cannot hold the model at all, before round 1
+        self.declared: dict[int, str] = {}  # deployment: the profile each client named when it joined
+
+    def declare(self, client: int, name: str) -> str | None:
+        """Deployment: ``client`` runs on profile ``name`` (``--device-profile``); why it must be
+        refused (an unknown profile, or one that holds the model in no form), else None."""
+        known = sorted({*BUILTIN_PROFILES, *self.edge.device_profiles})
+        if name not in known:
+            return f"device profile {name!r} is not in the server's config; choose one of {', '.join(known)}"
+        self.declared[client] = name
+        try:
+            self.form(client)
+        except ConfigError as err:
+            del self.declared[client]
+            return str(err)
+        return None
+
+    def check_simulated(self, clients: int) -> None:
+        """Refuse, before round 1, a simulated profile that cannot hold the model in any form."""
+        for c in range(min(clients, len(self.edge.profiles))):  # each entry once
+            self.form(c)
 
     def profile(self, client: int) -> tuple[str, DeviceProfile] | None:
-        names = self.edge.profiles
-        if not names:
-            return None
-        name = names[client % len(names)]
-        return name, self.edge.profile(name)
+        """``client``'s (profile name, profile): the one it declared (deployment), else its
+        ``federated.edge.profiles`` entry (simulation), else None (no limits)."""
+        names = self.edge.profiles if self.simulated else []
+        name = self.declared.get(client) or (names[client % len(names)] if names else None)
+        return None if name is None else (name, self.edge.profile(name))
 
     def form(self, client: int) -> str:
         """``fp32`` or ``int8``: what ``client`` is sent (ConfigError when its device holds neither)."""

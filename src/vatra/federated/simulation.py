@@ -79,6 +79,7 @@ class SimulationExecutor:
         layout = initial_weights(cfg, fed.spec)[1]
         self.hook = hook or build_upload_hook(cfg, layout)
         self.sync = EdgeSync(cfg, layout.shapes)  # what each client's device is sent (fp32 or int8)
+        self.sync.check_simulated(cfg.federated.clients)
         self.personal: dict[int, np.ndarray] = {}
         self.holds_out = fed.val_sizes > 0  # (clients,) bool
         self.workers = cfg.federated.workers

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vatra.config import Config
+from vatra.config._edgesync import BUILTIN_PROFILES
 from vatra.data import build_dataset
 from vatra.errors import ConfigError, VatraError
 from vatra.federated._base import EvalRes, UploadHook
@@ -59,6 +60,7 @@ def run_client(
     slow_s: float = 0.0,
     hook: UploadHook | None = None,
     progress: bool = True,
+    device_profile: str | None = None,
 ) -> int:
     """Join, then train and evaluate on this client's own data until the server is done; returns
     rounds trained.
@@ -70,13 +72,21 @@ def run_client(
     (RESOURCE_EXHAUSTED: the call is sent again) for up to ``retry_s`` seconds, with a capped
     exponential back-off and jitter between attempts.
     ``slow_s`` sleeps before each upload (a slow device, for drills and tests).
+    ``device_profile`` (``--device-profile``) names the device this client runs on
+    (``federated.edge.device_profiles``): the server sends it the int8 model when the fp32 one is
+    over the profile's ``max_model_mb``, and refuses its join when neither fits.
     A client that read no data contract and whose join is refused because another owner published
     one meanwhile (owners starting together) starts again once: it reads that contract and conforms.
     """
+    edge = cfg.federated.edge
+    if device_profile is not None and device_profile not in {*BUILTIN_PROFILES, *edge.device_profiles}:
+        known = ", ".join(sorted({*BUILTIN_PROFILES, *edge.device_profiles}))
+        raise ConfigError(f"--device-profile {device_profile!r}: not defined; choose one of {known}")
+    args = (cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress)
     try:
-        return _run(cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress, raced=False)
+        return _run(*args, raced=False, device_profile=device_profile)
     except _ContractRaced:
-        return _run(cfg, target, client_id, certs, data, retry_s, slow_s, hook, progress, raced=True)
+        return _run(*args, raced=True, device_profile=device_profile)
 
 
 def _run(
@@ -90,6 +100,7 @@ def _run(
     hook: UploadHook | None,
     progress: bool,
     raced: bool,
+    device_profile: str | None,
 ) -> int:
     """:func:`run_client`'s session; ``raced``: the second, after a contract published meanwhile."""
     if not 0 <= client_id < cfg.federated.clients:
@@ -113,6 +124,7 @@ def _run(
             "spec": spec_to_json(own.spec),
             "num_train": own.num_train,
             "contract": None if mine is None else mine.to_json(),
+            **({"device_profile": device_profile} if device_profile else {}),
         }
     )
     upload, download = message_sizes(cfg, local.layout.size)  # what it sends, what it may receive

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import torch
 
 from vatra.config import Config
 from vatra.data import DatasetSpec
@@ -39,10 +40,12 @@ from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.certs import ServerCredentials
 from vatra.federated.contract import DataContract, conform_problem, pins_problem
 from vatra.federated.data import spec_from_json, spec_to_json
+from vatra.federated.edgesync import EdgeSync
 from vatra.federated.grpc.guard import metadata_client
 from vatra.federated.grpc.remote import SERVICE
 from vatra.federated.grpc.stages import HubStages, secagg_reply
 from vatra.federated.model_spec import check_spec, spec_problem
+from vatra.federated.params import ParamLayout
 from vatra.federated.wire import (
     WireError,
     check_update,
@@ -52,6 +55,7 @@ from vatra.federated.wire import (
     encode,
     encode_ins,
 )
+from vatra.models import build_model
 from vatra.rundir import RunDir
 
 POLL_WAIT_S = 2.0  # a Poll with nothing new for its client answers "wait" after this long
@@ -96,6 +100,7 @@ class Hub:
         self.stage_replies: dict[int, bytes | str] = {}
         self.handed: dict[int, tuple[object, float]] = {}  # client → (what it was last handed, when)
         self.stages = HubStages(self)
+        self.sync: EdgeSync | None = None  # cloud-edge sync: fp32 or int8 per declared device profile
 
     # ------------------------------------------------------------ handlers
     def _auth(self, context: grpc.ServicerContext) -> int:
@@ -161,10 +166,28 @@ class Hub:
             diff = {k: (theirs[k], mine[k]) for k in mine if mine[k] != theirs.get(k)}
             reason = f"client {cid}'s data does not fit the server's model: (client, server) = {diff}"
             self._refuse_join(context, cid, grpc.StatusCode.FAILED_PRECONDITION, reason)
+        profile = meta.get("device_profile")
+        if profile is not None:
+            with self.cond:
+                refused = self._edge_sync().declare(cid, str(profile))
+            if refused is not None:
+                self._refuse_join(
+                    context, cid, grpc.StatusCode.FAILED_PRECONDITION, f"client {cid}: {refused}"
+                )
         with self.cond:
             self.declared[cid] = rows
         self.run_dir.log_event("joined", client=cid, peer=context.peer(), rows=rows)
         return encode({"kind": "joined", "rounds": self.cfg.rounds, "heartbeat_s": self.cfg.heartbeat_s})
+
+    def _edge_sync(self) -> EdgeSync:
+        """What each client is sent (fp32, or int8 for a device that declared a small profile); built
+        once the model's spec is known, without touching the global RNG the server draws from."""
+        if self.sync is None:
+            assert self.spec is not None, "the model's spec is known before a join or a task"
+            with torch.random.fork_rng():
+                shapes = ParamLayout.of(build_model(self.config.model, self.spec)).shapes
+            self.sync = EdgeSync(self.config, shapes, simulated=False)
+        return self.sync
 
     def wait_spec(self) -> DatasetSpec:
         """The model's data spec: known already, or the first joining client's."""
@@ -322,7 +345,8 @@ class Hub:
         """Post one task per client and wait for each: a result, a rejection, a drop-out or ``deadline``."""
         with self.cond:
             self.round, self.expected, self.phase = rnd, expected, phase
-            self.tasks = {c: encode_ins(i) for c, i in ins.items()}
+            sync = self._edge_sync()
+            self.tasks = {c: encode_ins(i, sync.shapes_for(c)) for c, i in ins.items()}
             self.sent = set()
             self.results, self.failures = {}, {}
             self.bytes_down = self.bytes_up = 0
