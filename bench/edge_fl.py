@@ -3,11 +3,12 @@
     python bench/edge_fl.py [--rounds 30] [--hidden 64]
 
 The run is ``examples/fl_digits.toml`` (FedAvg, 20 clients, 10 a round, Dirichlet α = 0.3, MLP)
-five ways, same seed: full-precision FL (the baseline); QSGD int8 uploads (``federated.compression
+seven ways, same seed: full-precision FL (the baseline); QSGD int8 uploads (``federated.compression
 = "qsgd"``, the stochastic int8 compressor a user would pick before this change, no error
 feedback), fp32 download; int8 uploads with per-client error feedback, fp32 download; int8 both
 ways (int8 download: one fp32 scale per row); and the same with QAT on the clients (``edge.qat =
-"int8"``). Bytes are the whole messages (safetensors headers and metrics included), per round,
+"int8"``); and sparse uploads, top-k 1 % without error feedback (fp32 download) and with it
+(int8 download). Bytes are the whole messages (safetensors headers and metrics included), per round,
 mean over rounds; accuracy and loss are the server's on its held-out split after the last round,
 "client acc" the clients' on their own held-out rows, scored on the model each was sent (int8 where
 the download is).
@@ -29,12 +30,19 @@ from vatra.rundir import RunDir, read_jsonl
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fl_digits.toml"
 INT8_UP = ["federated.compression=int8", "federated.edge.error_feedback=true", "comm.min_numel=256"]
+TOPK_UP = ["federated.compression=topk", "comm.ratio=0.01", "comm.min_numel=256"]
 VARIANTS: dict[str, list[str]] = {
     "fp32 FL (baseline)": [],
     "qsgd up (peer), fp32 down": ["federated.compression=qsgd", "comm.min_numel=256"],
     "int8+EF up, fp32 down": INT8_UP,
     "int8+EF up, int8 down": [*INT8_UP, "federated.edge.download=int8"],
     "int8 both ways + QAT": [*INT8_UP, "federated.edge.download=int8", "edge.qat=int8"],
+    "topk 1% up, fp32 down": TOPK_UP,
+    "topk 1%+EF up, int8 down": [
+        *TOPK_UP,
+        "federated.edge.error_feedback=true",
+        "federated.edge.download=int8",
+    ],
 }
 
 
