@@ -113,6 +113,14 @@ def test_device_profile_decides_what_each_client_is_sent() -> None:
     step = np.abs(w).max(axis=1, keepdims=True) / 127
     assert (np.abs(sent[: 64 * 128].reshape(128, 64) - w) <= step / 2 + 1e-7).all()
     np.testing.assert_array_equal(sent[64 * 128 : 64 * 128 + 128], client.init[64 * 128 : 64 * 128 + 128])
+    # a join's profile name is checked before it is used or echoed
+    assert (
+        sync.declare(5, "x" * 10_000)
+        == sync.declare(5, ["watch"])
+        == ("device_profile must be a profile name of at most 64 characters")
+    )
+    assert "not in the server's config" in str(sync.declare(5, "toaster"))
+    assert sync.declare(5, "watch") is None and sync.form(5) == "int8"
     # the watch trains four times slower than its log-normal draw (speed 0.25)
     assert client.speeds[1] == pytest.approx(4.0) and client.speeds[0] == pytest.approx(1.0)
 

@@ -21,6 +21,7 @@ from vatra.errors import ConfigError
 
 Shapes = tuple[tuple[int, ...], ...]
 MB = 1e6
+MAX_NAME = 64  # characters of a profile name a joining client may send
 
 
 def int8_bytes(shapes: Shapes) -> int:
@@ -83,10 +84,13 @@ class EdgeSync:
         self.int8_bytes = int8_bytes(shapes)
         self.declared: dict[int, str] = {}  # deployment: the profile each client named when it joined
 
-    def declare(self, client: int, name: str) -> str | None:
-        """Deployment: ``client`` runs on profile ``name`` (``--device-profile``); why it must be
-        refused (an unknown profile, or one that holds the model in no form), else None."""
+    def declare(self, client: int, name: object) -> str | None:
+        """Deployment: ``client`` runs on profile ``name`` (``--device-profile``, from its join message);
+        why it must be refused (not a profile name, an unknown one, or one that holds the model in no
+        form), else None."""
         known = sorted({*BUILTIN_PROFILES, *self.edge.device_profiles})
+        if not isinstance(name, str) or len(name) > MAX_NAME:
+            return f"device_profile must be a profile name of at most {MAX_NAME} characters"
         if name not in known:
             return f"device profile {name!r} is not in the server's config; choose one of {', '.join(known)}"
         self.declared[client] = name

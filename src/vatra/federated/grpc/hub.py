@@ -169,7 +169,7 @@ class Hub:
         profile = meta.get("device_profile")
         if profile is not None:
             with self.cond:
-                refused = self._edge_sync().declare(cid, str(profile))
+                refused = self._edge_sync().declare(cid, profile)
             if refused is not None:
                 self._refuse_join(
                     context, cid, grpc.StatusCode.FAILED_PRECONDITION, f"client {cid}: {refused}"
