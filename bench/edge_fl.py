@@ -3,11 +3,12 @@
     python bench/edge_fl.py [--rounds 30] [--hidden 64]
 
 The run is ``examples/fl_digits.toml`` (FedAvg, 20 clients, 10 a round, Dirichlet α = 0.3, MLP)
-seven ways, same seed: full-precision FL (the baseline); QSGD int8 uploads (``federated.compression
+eight ways, same seed: full-precision FL (the baseline); QSGD int8 uploads (``federated.compression
 = "qsgd"``, the stochastic int8 compressor a user would pick before this change, no error
 feedback), fp32 download; int8 uploads with per-client error feedback, fp32 download; int8 both
 ways (int8 download: one fp32 scale per row); and the same with QAT on the clients (``edge.qat =
-"int8"``); and sparse uploads, top-k 1 % without error feedback (fp32 download) and with it
+"int8"``); int8 both ways with half of the download's matrix weights cut (``federated.edge.
+download_sparsity = 0.5``); and sparse uploads, top-k 1 % without error feedback (fp32 download) and with it
 (int8 download). Bytes are the whole messages (safetensors headers and metrics included), per round,
 mean over rounds; accuracy and loss are the server's on its held-out split after the last round,
 "client acc" the clients' on their own held-out rows, scored on the model each was sent (int8 where
@@ -37,6 +38,11 @@ VARIANTS: dict[str, list[str]] = {
     "int8+EF up, fp32 down": INT8_UP,
     "int8+EF up, int8 down": [*INT8_UP, "federated.edge.download=int8"],
     "int8 both ways + QAT": [*INT8_UP, "federated.edge.download=int8", "edge.qat=int8"],
+    "int8 up, int8 50 %-pruned down": [
+        *INT8_UP,
+        "federated.edge.download=int8",
+        "federated.edge.download_sparsity=0.5",
+    ],
     "topk 1% up, fp32 down": TOPK_UP,
     "topk 1%+EF up, int8 down": [
         *TOPK_UP,

@@ -19,7 +19,7 @@ from vatra.federated.certs import generate
 from vatra.federated.client import LocalClient
 from vatra.federated.compression import build_upload_hook
 from vatra.federated.data import build_federation
-from vatra.federated.edgesync import EdgeSync, int8_bytes, pack_int8
+from vatra.federated.edgesync import EdgeSync, Int8Download, int8_bytes, pack_int8
 from vatra.federated.params import ParamLayout
 from vatra.federated.simulation import simulate
 from vatra.federated.wire import WireError, decode_ins, decode_res, encode, encode_ins, encode_res
@@ -106,7 +106,7 @@ def test_device_profile_decides_what_each_client_is_sent() -> None:
     # Execute / Assert: clients 0 and 2 get fp32, 1 and 3 the int8 model (a quarter of the bytes)
     assert [sync.form(c) for c in range(4)] == ["fp32", "int8", "fp32", "int8"]
     assert sync.int8_bytes == int8_bytes(client.layout.shapes) < 0.28 * sync.fp32_bytes
-    fp32_blob, int8_blob = encode_ins(ins, sync.shapes_for(0)), encode_ins(ins, sync.shapes_for(1))
+    fp32_blob, int8_blob = encode_ins(ins, sync.download(0)), encode_ins(ins, sync.download(1))
     assert len(int8_blob) < 0.3 * len(fp32_blob)
     sent = decode_ins(int8_blob).models[0]  # what the watch trains from: within half an int8 step
     w = client.init[: 64 * 128].reshape(128, 64)
@@ -153,10 +153,10 @@ def test_qat_edge_clients_train_fake_quantized_and_a_bad_int8_download_is_a_wire
     client = LocalClient(cfg, fed.spec, fed.client_data)
     assert is_prepared(client.model)
     assert client.fit_group([FitIns(0, 1, [client.init]), FitIns(1, 1, [client.init])]) is None  # the loop
-    blob = encode_ins(FitIns(0, 1, [client.init]), client.layout.shapes)
+    blob = encode_ins(FitIns(0, 1, [client.init]), Int8Download(client.layout.shapes))
     assert len(decode_ins(blob).models[0]) == client.layout.size
     meta = {"kind": "fit_ins", "client_id": 0, "round": 1, "config": {}, "models": 1, "int8_chunks": 4}
-    packed = pack_int8(client.init, client.layout.shapes, "model.0")
+    packed = pack_int8(client.init, Int8Download(client.layout.shapes), "model.0")
     short = {**packed, "model.0.0.s": packed["model.0.0.s"][:5]}  # 5 scales for 128 rows
     missing = {k: v for k, v in packed.items() if k != "model.0.2.q"}
     for tensors in (short, missing):
@@ -200,3 +200,34 @@ def test_a_deployed_client_declares_its_device_and_gets_what_its_simulated_twin_
     down = [r["bytes_down"] for r in read_jsonl(tmp_path / "deploy" / "metrics.jsonl")]
     plain_down = [r["bytes_down"] for r in read_jsonl(tmp_path / "plain" / "metrics.jsonl")]
     assert all(d < 0.7 * p for d, p in zip(down, plain_down, strict=True))  # one of two sent int8
+
+
+def test_a_pruned_int8_download_sends_only_the_kept_weights() -> None:
+    # Prepare: the model's weights, sent dense int8 and with half of the matrices' weights cut
+    cfg = _cfg({"download": "int8", "download_sparsity": 0.5})
+    fed = build_federation(cfg)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
+    sync = EdgeSync(cfg, client.layout.shapes)
+    ins = FitIns(0, 1, [client.init])
+    dense_form, pruned_form = Int8Download(client.layout.shapes), sync.download(0)
+    assert pruned_form == Int8Download(client.layout.shapes, 0.5)
+    # Execute
+    dense, pruned = (
+        decode_ins(encode_ins(ins, dense_form)).models[0],
+        decode_ins(encode_ins(ins, pruned_form)).models[0],
+    )
+    # Assert: half the matrix weights arrive as 0, the rest as the dense int8 download has them;
+    # a bitmask (1/8 byte a weight) and half the int8 values: 0.625 of the dense payload's weight bytes
+    matrix = np.ones(client.layout.size, dtype=bool)  # (P,): the two matrices, not the biases
+    matrix[64 * 128 : 64 * 128 + 128] = matrix[-10:] = False
+    cut = matrix & (pruned == 0)
+    assert int(cut.sum()) == int(matrix.sum()) // 2
+    np.testing.assert_array_equal(pruned[~cut], dense[~cut])
+    assert np.abs(client.init[cut]).max() <= np.abs(client.init[matrix & ~cut]).min()  # the smallest cut
+    assert len(encode_ins(ins, pruned_form)) < 0.75 * len(encode_ins(ins, dense_form))  # headers, biases
+    assert sync.int8_bytes == int8_bytes(client.layout.shapes, 0.5) < 0.7 * int8_bytes(client.layout.shapes)
+    # a bitmask that keeps more weights than values came is a wire error
+    meta = {"kind": "fit_ins", "client_id": 0, "round": 1, "config": {}, "models": 1, "int8_chunks": 4}
+    packed = pack_int8(client.init, pruned_form, "model.0")
+    with pytest.raises(WireError, match="incomplete"):
+        decode_ins(encode(meta, {**packed, "model.0.0.v": packed["model.0.0.v"][:-1]}))

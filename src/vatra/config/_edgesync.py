@@ -37,6 +37,14 @@ class EdgeSyncConfig(Section):
         "vectors in fp32: about 4x fewer bytes); auto = int8 only to clients whose device profile "
         "cannot hold the fp32 model.",
     )
+    download_sparsity: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="int8 downloads: this share of the matrices' weights, smallest in magnitude (one "
+        "threshold over all of them), is cut and not sent: a bitmask of the kept ones and their int8 "
+        "values travel instead (0.5: about 0.63 bytes a weight instead of 1); 0 = dense.",
+    )
     error_feedback: bool = Field(
         False,
         description="Each client keeps what federated.compression dropped from its update and adds it "

@@ -11,9 +11,12 @@ round 1 with the sizes named.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from vatra.comm._base import pack_bits, unpack_bits
 from vatra.comm.int8 import dequantize_rows, quantize_rows
 from vatra.config import Config
 from vatra.config._edgesync import BUILTIN_PROFILES, DeviceProfile
@@ -24,30 +27,102 @@ MB = 1e6
 MAX_NAME = 64  # characters of a profile name a joining client may send
 
 
-def int8_bytes(shapes: Shapes) -> int:
-    """Bytes of an int8 download: 1 a matrix element and 4 a row; 4 a vector element."""
-    total = 0
-    for shape in shapes:
-        n = int(np.prod(shape))
-        total += n + 4 * shape[0] if len(shape) >= 2 else 4 * n
-    return total
+@dataclass(frozen=True)
+class Int8Download:
+    """How a model travels to a device: its parameter shapes and the share of matrix weights cut."""
+
+    shapes: Shapes
+    sparsity: float = 0.0
+
+    def kept(self) -> int:
+        """Matrix weights sent: all but the ``sparsity`` share (rounded as torch's L1Unstructured)."""
+        total = sum(int(np.prod(s)) for s in self.shapes if len(s) >= 2)
+        return total - round(self.sparsity * total)
+
+    def nbytes(self) -> int:
+        """Payload bytes: 4 a matrix row (scale) and 4 a vector element; dense: 1 a matrix element,
+        pruned: 1 a kept element plus a bitmask of 1 bit an element."""
+        total = 0
+        for shape in self.shapes:
+            n = int(np.prod(shape))
+            if len(shape) < 2:
+                total += 4 * n
+            else:
+                total += 4 * shape[0] + (n if self.sparsity == 0 else -(-n // 8) + 4 * len(shape))
+        return total + (self.kept() if self.sparsity else 0)
 
 
-def pack_int8(vec: np.ndarray, shapes: Shapes, prefix: str) -> dict[str, np.ndarray]:
-    """``vec`` (flat float32 weights) as ``{prefix.j.q: int8 (rows, ...), prefix.j.s: fp32 (rows,)}``
-    for each matrix j and ``{prefix.j: fp32}`` for each vector."""
+def int8_bytes(shapes: Shapes, sparsity: float = 0.0) -> int:
+    """Bytes of an int8 download (:meth:`Int8Download.nbytes`)."""
+    return Int8Download(shapes, sparsity).nbytes()
+
+
+def _matrix_mask(vec: np.ndarray, form: Int8Download) -> np.ndarray | None:
+    """Bool (len(vec),): False on the ``sparsity`` share of matrix weights smallest in magnitude
+    (one threshold over every matrix, as ``edge.prune = "magnitude"``); None when nothing is cut."""
+    if form.sparsity == 0:
+        return None
+    is_matrix = np.concatenate(
+        [np.full(int(np.prod(s)), len(s) >= 2) for s in form.shapes] or [np.zeros(0, dtype=bool)]
+    )
+    where = np.flatnonzero(is_matrix)
+    scores = torch.from_numpy(np.abs(vec[where]))
+    keep = np.zeros(len(vec), dtype=bool)
+    keep[where[torch.topk(scores, form.kept(), sorted=False).indices.numpy()]] = True
+    keep[~is_matrix] = True
+    return keep
+
+
+def pack_int8(vec: np.ndarray, form: Int8Download, prefix: str) -> dict[str, np.ndarray]:
+    """``vec`` (flat float32 weights) as, per matrix j, ``prefix.j.q`` (int8, its shape) and
+    ``prefix.j.s`` (fp32 scale per row); pruned (``form.sparsity``), ``prefix.j.m`` (bitmask of the
+    kept weights), ``prefix.j.v`` (their int8 values) and ``prefix.j.shape`` instead of ``.q``; per
+    vector j, ``prefix.j`` (fp32)."""
     out: dict[str, np.ndarray] = {}
+    keep = _matrix_mask(vec, form)
     offset = 0
-    for j, shape in enumerate(shapes):
+    for j, shape in enumerate(form.shapes):
         n = int(np.prod(shape))
         chunk = vec[offset : offset + n]
-        offset += n
-        if len(shape) >= 2:
+        if len(shape) < 2:
+            out[f"{prefix}.{j}"] = chunk
+        elif keep is None:
             q, scale = quantize_rows(torch.from_numpy(np.ascontiguousarray(chunk)).view(shape))
             out[f"{prefix}.{j}.q"], out[f"{prefix}.{j}.s"] = q.numpy(), scale.numpy()
         else:
-            out[f"{prefix}.{j}"] = chunk
+            mask = torch.from_numpy(keep[offset : offset + n].copy())
+            pruned = torch.from_numpy(np.ascontiguousarray(chunk)) * mask  # the cut weights at 0
+            q, scale = quantize_rows(pruned.view(shape))
+            out[f"{prefix}.{j}.m"] = pack_bits(mask).numpy()
+            out[f"{prefix}.{j}.v"] = q.reshape(-1)[mask].numpy()
+            out[f"{prefix}.{j}.s"] = scale.numpy()
+            out[f"{prefix}.{j}.shape"] = np.asarray(shape, dtype=np.int32)
+        offset += n
     return out
+
+
+def _unpack_matrix(tensors: dict[str, np.ndarray], name: str) -> np.ndarray:
+    scale = tensors[f"{name}.s"]
+    if f"{name}.q" in tensors:
+        q = tensors[f"{name}.q"]
+    else:  # pruned: scatter the kept values into zeros
+        shape = tuple(int(d) for d in tensors[f"{name}.shape"])
+        n = int(np.prod(shape))
+        if len(shape) < 2 or n > 2**40:
+            raise ValueError(f"{name}: shape {shape} is no matrix the model could hold")
+        mask = unpack_bits(torch.from_numpy(tensors[f"{name}.m"].copy()), n).numpy()
+        values = tensors[f"{name}.v"]
+        if values.dtype != np.int8 or values.shape != (int(mask.sum()),):
+            raise ValueError(
+                f"{name}: {values.shape} {values.dtype} values for {int(mask.sum())} kept weights"
+            )
+        q = np.zeros(n, dtype=np.int8)
+        q[mask] = values
+        q = q.reshape(shape)
+    if q.dtype != np.int8 or q.ndim < 2 or scale.shape != (q.shape[0],):
+        raise ValueError(f"{name}: int8 values need one fp32 scale per row")
+    dense = dequantize_rows(torch.from_numpy(q.copy()), torch.from_numpy(scale.astype(np.float32)))
+    return dense.reshape(-1).numpy()
 
 
 def unpack_int8(tensors: dict[str, np.ndarray], prefix: str, chunks: int) -> np.ndarray:
@@ -56,12 +131,8 @@ def unpack_int8(tensors: dict[str, np.ndarray], prefix: str, chunks: int) -> np.
     for j in range(chunks):
         if f"{prefix}.{j}" in tensors:
             parts.append(np.asarray(tensors[f"{prefix}.{j}"], dtype=np.float32).reshape(-1))
-            continue
-        q, scale = tensors[f"{prefix}.{j}.q"], tensors[f"{prefix}.{j}.s"]
-        if q.dtype != np.int8 or q.ndim < 2 or scale.shape != (q.shape[0],):
-            raise ValueError(f"{prefix}.{j}: int8 values need one fp32 scale per row")
-        dense = dequantize_rows(torch.from_numpy(q.copy()), torch.from_numpy(scale.astype(np.float32)))
-        parts.append(dense.reshape(-1).numpy())
+        else:
+            parts.append(_unpack_matrix(tensors, f"{prefix}.{j}"))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
 
@@ -81,7 +152,8 @@ class EdgeSync:
         self.simulated = simulated  # federated.edge.profiles applies; a deployment has declared ones only
         self.shapes = shapes
         self.fp32_bytes = 4 * sum(int(np.prod(s)) for s in shapes)
-        self.int8_bytes = int8_bytes(shapes)
+        self.int8 = Int8Download(shapes, self.edge.download_sparsity)
+        self.int8_bytes = self.int8.nbytes()
         self.declared: dict[int, str] = {}  # deployment: the profile each client named when it joined
 
     def declare(self, client: int, name: object) -> str | None:
@@ -135,9 +207,9 @@ class EdgeSync:
             f"{name}.max_model_mb or choose a smaller model"
         )
 
-    def shapes_for(self, client: int) -> Shapes | None:
-        """The layout to pack ``client``'s download in int8 with, or None to send it in fp32."""
-        return self.shapes if self.form(client) == "int8" else None
+    def download(self, client: int) -> Int8Download | None:
+        """How to pack ``client``'s download in int8, or None to send it in fp32."""
+        return self.int8 if self.form(client) == "int8" else None
 
     def speed(self, client: int) -> float:
         known = self.profile(client)

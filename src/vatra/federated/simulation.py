@@ -108,7 +108,7 @@ class SimulationExecutor:
         self, rnd: int, ins: dict[int, FitIns], expected: int
     ) -> tuple[list[FitRes], list[Failure], int, int]:
         order = sorted(ins)
-        blobs = [encode_ins(ins[c], self.sync.shapes_for(c)) for c in order]
+        blobs = [encode_ins(ins[c], self.sync.download(c)) for c in order]
         grouped = _run_group(blobs) if self.pool is None and len(blobs) > 1 else None
         outs = grouped or self._map(_run_task, blobs, [self.personal.get(c) for c in order])
         results: list[FitRes] = []
@@ -132,7 +132,7 @@ class SimulationExecutor:
 
     def evaluate(self, rnd: int, ins: dict[int, FitIns]) -> tuple[list[EvalRes], list[Failure]]:
         order = [c for c in sorted(ins) if self.holds_out[c]]  # clients that hold rows out
-        blobs = [encode_ins(ins[c], self.sync.shapes_for(c)) for c in order]  # scored as they run it
+        blobs = [encode_ins(ins[c], self.sync.download(c)) for c in order]  # scored as they run it
         outs = self._map(_run_eval, blobs, [self.personal.get(c) for c in order])
         reports: list[EvalRes] = []
         failures: list[Failure] = []

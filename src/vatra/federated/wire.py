@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from vatra.federated._base import EvalRes, FitIns, FitRes
-from vatra.federated.edgesync import Shapes, pack_int8, unpack_int8
+from vatra.federated.edgesync import Int8Download, pack_int8, unpack_int8
 
 MAX_HEADER = 100 * 1024 * 1024
 MAX_RES_HEADER = 1024 * 1024  # a fit result's header: tensor entries + metrics (a few kB in practice)
@@ -176,14 +176,14 @@ def decode_views(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return meta, tensors
 
 
-def encode_ins(ins: FitIns, int8: Shapes | None = None) -> bytes:
-    """A fit instruction; with ``int8`` (the model's parameter shapes) its models travel as int8
-    with per-row scales (:func:`vatra.federated.edgesync.pack_int8`)."""
+def encode_ins(ins: FitIns, int8: Int8Download | None = None) -> bytes:
+    """A fit instruction; with ``int8`` (the model's parameter shapes, optionally a share cut) its
+    models travel as int8 with per-row scales (:func:`vatra.federated.edgesync.pack_int8`)."""
     meta = {"kind": "fit_ins", "client_id": ins.client_id, "round": ins.round, "config": ins.config}
     meta["models"] = len(ins.models)
     if int8 is None:
         return encode(meta, {f"model.{i}": m for i, m in enumerate(ins.models)})
-    meta["int8_chunks"] = len(int8)
+    meta["int8_chunks"] = len(int8.shapes)
     return encode(
         meta, {k: v for i, m in enumerate(ins.models) for k, v in pack_int8(m, int8, f"model.{i}").items()}
     )

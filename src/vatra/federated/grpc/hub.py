@@ -346,7 +346,7 @@ class Hub:
         with self.cond:
             self.round, self.expected, self.phase = rnd, expected, phase
             sync = self._edge_sync()
-            self.tasks = {c: encode_ins(i, sync.shapes_for(c)) for c, i in ins.items()}
+            self.tasks = {c: encode_ins(i, sync.download(c)) for c, i in ins.items()}
             self.sent = set()
             self.results, self.failures = {}, {}
             self.bytes_down = self.bytes_up = 0
