@@ -6,7 +6,8 @@ away), 75 on every other node (those machines stay). torch's agent counts either
 the worker group: it restarts the workers on the same machine, using up one of ``--max-restarts``,
 or ends the job when none are left. :class:`PreemptionAgent` instead:
 
-- **143 among this node's workers**: the node leaves. It takes itself out of the rendezvous at
+- **143 among this node's workers** (or a SIGTERM to the launcher itself, which torch forwards to
+  them): the node leaves. It takes itself out of the rendezvous at
   once (the others need not wait ~15 s for its heartbeat to expire) and stops as an agent told to
   stop by a signal does, which leaves the rendezvous open: torch closes it for good on any other
   exit of an agent, and the nodes left could not re-form.
@@ -24,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
@@ -40,14 +41,20 @@ log = logging.getLogger("vatra.launch")
 class PreemptionAgent(LocalElasticAgent):
     """torchrun's agent, but a preemption notice is not a failure of the job (see the module)."""
 
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        try:
+            return super().run(role)
+        except SignalException:  # workers stopped (and saved, on a SIGTERM) by torch's handler
+            _leave_rendezvous(self._worker_group.spec.rdzv_handler)
+            raise
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY) or not result.failures:
             return result
         codes = {failure.exitcode for failure in result.failures.values()}
         if Preempted.exit_code in codes:
-            _leave_rendezvous(worker_group.spec.rdzv_handler)
-            # the launcher's SIGTERM path: workers stopped, rendezvous left open for the others
+            # the launcher's own SIGTERM path (see run): the node leaves, the rendezvous stays open
             raise SignalException("this node got a preemption notice", sigval=signal.SIGTERM)
         if codes == {PeerPreempted.exit_code}:
             errors = os.environ.get(ERRORS_ENV)
