@@ -32,8 +32,8 @@ def test_a_preempted_node_leaves_and_the_other_finishes_alone_with_exact_weights
 ) -> None:
     # Prepare: two "nodes" (one process each, a run folder each, one shared store) at a c10d rendezvous;
     # node 0 hosts it (an on-demand machine); node 1 watches a notice file, or its launcher gets a
-    # SIGTERM (which its agent forwards to its worker). Rank 0 sleeps 50 ms a step
-    # so that the notice lands mid-run; a short last call lets the node left re-form at once.
+    # SIGTERM (which its agent forwards to its worker). Rank 0 sleeps 50 ms a step so that the notice
+    # lands mid-run; a short last call lets the node left re-form at once.
     runs, store, flag = [tmp_path / "node0", tmp_path / "node1"], tmp_path / "store", tmp_path / "preempt"
     rdzv = ["--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf", "last_call_timeout=3"]
     shared = ["monitor.report=false", f"store.url='{store}'", "chaos.slow_rank=0", "spot.poll_s=0.05"]
