@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -83,4 +84,15 @@ def test_a_missing_ray_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if it were not installed
     with pytest.raises(ConfigError, match=r"pip install 'vatra\[ray\]'") as err:
         simulate(_config("ray"), RunDir(tmp_path), progress=False)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+
+
+def test_an_address_where_no_ray_listens_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _config("ray", ray_address=f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match=r"no Ray cluster to join.*ray start --head") as err:
+        simulate(cfg, RunDir(tmp_path), progress=False)  # type: ignore[arg-type]
     assert "\n" not in str(err.value)

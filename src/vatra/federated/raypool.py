@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,15 @@ from vatra.errors import ConfigError
 from vatra.federated.simpool import SimulationExecutor, _init_worker, _run_eval, _run_group, _run_task
 
 FEATURE = "federated.backend = 'ray'"
+
+
+def _probe(address: str, timeout_s: float = 3.0) -> None:
+    """Raise OSError unless something listens at ``host:port`` (``auto`` and ``ray://`` are Ray's)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+        pass
 
 
 class ClientHost:
@@ -68,8 +78,9 @@ class RayExecutor(SimulationExecutor):
         quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
         if self.owns_ray and address:
             try:
+                _probe(address)  # Ray itself retries an address that does not answer for minutes
                 ray.init(address=address, **quiet)
-            except (ConnectionError, ValueError, RuntimeError) as err:
+            except (OSError, ValueError, RuntimeError) as err:
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ConfigError(
                     f"federated.ray_address = {address!r}: no Ray cluster to join ({first}); start one "
