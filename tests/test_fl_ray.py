@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import small_config
 
 from vatra.errors import ConfigError
+from vatra.federated._base import FitIns
 from vatra.federated.simulation import simulate
 from vatra.rundir import RunDir, read_jsonl
 
@@ -96,3 +97,33 @@ def test_an_address_where_no_ray_listens_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no Ray cluster to join.*ray start --head") as err:
         simulate(cfg, RunDir(tmp_path), progress=False)  # type: ignore[arg-type]
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow(15)
+def test_a_lost_ray_worker_fails_its_clients_not_the_round(ray_tmp: Path) -> None:
+    import ray
+
+    from vatra.federated.client import initial_weights
+    from vatra.federated.data import build_federation
+    from vatra.federated.raypool import RayExecutor
+
+    # Prepare: 2 actors on a local Ray; the one that holds the odd clients is gone
+    cfg = _config("ray")
+    fed = build_federation(cfg)  # type: ignore[arg-type]
+    _, layout, init = initial_weights(cfg, fed.spec)  # type: ignore[arg-type]
+    executor = RayExecutor(cfg, fed)  # type: ignore[arg-type]
+    try:
+        ray.kill(executor.actors[1], no_restart=True)
+        conf = {"local_steps": 2, "local_epochs": 0, "mu": 0.0}
+        ins = {c: FitIns(c, 1, [init], conf) for c in range(5)}
+        # Execute
+        results, failures, _, _ = executor.fit(1, ins, layout.size)
+        reports, lost = executor.evaluate(1, ins)
+    finally:
+        executor.close()
+    # Assert: the even clients trained and reported, the odd ones failed with a reason
+    assert [r.client_id for r in results] == [0, 2, 4]
+    assert [f.client_id for f in failures] == [1, 3]
+    assert all("Ray worker was lost" in f.reason for f in failures)
+    assert [r.client_id for r in reports] == [0, 2, 4] and [f.client_id for f in lost] == [1, 3]
+    assert _ray_processes(str(ray_tmp)) == []
