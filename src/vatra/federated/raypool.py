@@ -42,6 +42,13 @@ def _probe(address: str, timeout_s: float = 3.0) -> None:
         pass
 
 
+def _last_line(err: BaseException) -> str:
+    """The error a Ray traceback ends with, without its class's module path."""
+    line = str(err).strip().splitlines()[-1]
+    name, sep, message = line.partition(": ")
+    return message if sep and name.replace(".", "").replace("_", "").isalnum() else line
+
+
 class ClientHost:
     """One Ray actor's simulation worker: the model, and the owners' data read on demand."""
 
@@ -112,6 +119,8 @@ class RayExecutor(SimulationExecutor):
             except ray.exceptions.RayTaskError as err:
                 raise err.cause from None
             except ray.exceptions.RayActorError as err:
+                if getattr(err, "actor_init_failed", False):  # the config or data fails on that node
+                    raise ConfigError(f"{FEATURE}: a Ray worker could not start: {_last_line(err)}") from None
                 first = str(err).strip().splitlines()[0]
                 out.append(f"its Ray worker was lost ({first})")
         return out
