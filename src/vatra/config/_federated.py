@@ -152,6 +152,17 @@ class FederatedConfig(Section):
         description="Simulation: client processes; 1 = every client in the server process (fastest for "
         "small models: a pool pays only when a client's round costs far more than passing it the model).",
     )
+    backend: Literal["inprocess", "ray"] = Field(
+        "inprocess",
+        description="Simulation: where a round's clients run: inprocess (this process, or a pool of "
+        "`workers` processes) or ray (one actor per worker on a Ray cluster, one per CPU of the "
+        "cluster when workers = 1; needs vatra[ray]). A seed gives the same results on either.",
+    )
+    ray_address: str = Field(
+        "",
+        description="backend = ray: the cluster to join ('auto', or the head's host:port from "
+        "`ray start --head`); empty = start a local Ray for this run and stop it after.",
+    )
     step_time_s: float = Field(
         0.0,
         ge=0.0,
