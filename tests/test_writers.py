@@ -26,7 +26,8 @@ def test_tensorboard_every_n_steps_keeps_sparse_metrics(tmp_path: Path) -> None:
     acc = EventAccumulator(str(run_dir.tb))
     acc.Reload()
     assert [e.step for e in acc.Scalars("train/loss")] == [10, 20, 25]  # every 10th and the last
-    assert [e.step for e in acc.Scalars("val/val_accuracy")] == [7, 14, 21]  # sparse: when present
+    # sparse: when present, and the final evaluation at the last step
+    assert [e.step for e in acc.Scalars("val/val_accuracy")] == [7, 14, 21, 25]
     lines = [json.loads(x) for x in run_dir.metrics.read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, 26))  # metrics.jsonl: every step
     assert json.loads(run_dir.summary.read_text())["steps"] == 25

@@ -153,6 +153,17 @@ class FederatedConfig(Section):
         description="Simulation: client processes; 1 = every client in the server process (fastest for "
         "small models: a pool pays only when a client's round costs far more than passing it the model).",
     )
+    backend: Literal["inprocess", "ray"] = Field(
+        "inprocess",
+        description="Simulation: where a round's clients run: inprocess (this process, or a pool of "
+        "`workers` processes) or ray (one actor per worker on a Ray cluster, one per CPU of the "
+        "cluster when workers = 1; needs vatra[ray]). A seed gives the same results on either.",
+    )
+    ray_address: str = Field(
+        "",
+        description="backend = ray: the cluster to join ('auto', or the head's host:port from "
+        "`ray start --head`); empty = start a local Ray for this run and stop it after.",
+    )
     step_time_s: float = Field(
         0.0,
         ge=0.0,
@@ -208,10 +219,11 @@ class FederatedConfig(Section):
             raise ValueError(
                 f"clients_per_round ({self.clients_per_round}) > clients ({self.clients}); lower it"
             )
-        if self.edge.error_feedback and self.workers > 1:
+        if self.edge.error_feedback and (self.workers > 1 or self.backend == "ray"):
+            pool = "backend = 'ray'" if self.backend == "ray" else f"workers = {self.workers}"
             raise ValueError(
                 "federated.edge.error_feedback keeps each client's residual in the process that trains "
-                f"it, but workers = {self.workers} runs a client in any of them; set workers = 1"
+                f"it, but {pool} runs a client in any of several; set workers = 1 (backend = 'inprocess')"
             )
         sa = self.secure_aggregation
         if sa.enabled:  # a threshold that is no majority, or a ring too small, fails here, not in round 1

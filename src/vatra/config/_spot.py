@@ -18,7 +18,8 @@ class SpotConfig(Section):
 
     A watcher thread (local rank 0 of each node) polls ``notice_url`` every ``poll_s`` and checks
     for ``notice_file``; on a notice every rank stops at the same step boundary, saves a checkpoint
-    that must land within ``notice_s`` of the notice, and exits (143) to be resumed.
+    that must land within ``notice_s`` of the notice, and exits: 143 on the node that got the notice,
+    75 on the others, which under ``--nnodes MIN:MAX`` re-form the group without it.
     """
 
     provider: Literal["aws", "gcp"] = Field(

@@ -18,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from vatra.errors import ConfigError, VatraError
+from vatra.launch.elastic import preemption_agent
 from vatra.launch.forked import cap_threads
 from vatra.launch.forked import start as start_forkserver
 from vatra.launch.forked import stop as stop_forkserver
@@ -136,9 +137,10 @@ def launch(
     # "Terminating process N via signal SIGTERM": the others of a failed group, which the one line
     # the launcher prints already accounts for
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    if spec.max_restarts > 0:
-        # The agent's shared TCPStore outlives a restart, and the new group would read the dead
-        # group's gloo addresses from it (hang, or "connection refused"): a fresh store per attempt.
+    if spec.max_restarts > 0 or config.min_nodes < config.max_nodes:
+        # The agent's shared TCPStore outlives a restart (or a re-formed group after another node's
+        # preemption), and the new group would read the dead group's gloo addresses from it (hang,
+        # or "connection refused"): a fresh store per attempt.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     rank_offset = (spec.node_rank or 0) * spec.nproc
     if run_dir is not None:
@@ -171,9 +173,9 @@ def _launch(
     config: LaunchConfig, entry: Any, args: tuple[Any, ...], run_dir: RunDir | None, rank_offset: int
 ) -> None:
     try:
-        with record_worker_failures(run_dir, rank_offset):
+        with record_worker_failures(run_dir, rank_offset), preemption_agent():
             elastic_launch(config, entry)(*args)
-    except SignalException as err:  # the launcher was told to stop (a spot machine's SIGTERM)
+    except SignalException as err:  # told to stop (a spot machine's SIGTERM), or its workers' notice
         said = run_dir.take_errors() if run_dir is not None else []
         if said:  # the workers' own account: "SIGTERM at step N: saved checkpoint ..."
             raise WorkerFailure(said[0]["message"], int(said[0]["exit_code"])) from None

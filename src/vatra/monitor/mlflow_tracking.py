@@ -52,6 +52,7 @@ class MlflowTracker(Plugin):
         self.run_id = ""
         self.pending: list[Any] = []
         self.last_flush = 0.0
+        self.eval_step, self.eval_logged = -1, set[str]()  # the latest evaluation already logged
 
     def _try(self, trainer: Trainer, fn: Any) -> None:
         if self.active and not best_effort(
@@ -105,13 +106,17 @@ class MlflowTracker(Plugin):
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if not self.active:
             return
-        self._add(metrics, trainer.state.step)
+        step = trainer.state.step
+        # an evaluation in this step's record was logged by on_eval_end already: once per step
+        logged = self.eval_logged if self.eval_step == step else set()
+        self._add({k: v for k, v in metrics.items() if k not in logged}, step)
         if time.monotonic() - self.last_flush >= self.cfg.monitor.mlflow_every_s:
             self._try(trainer, self._flush)
 
     def on_eval_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if self.active:
             self._add(metrics, trainer.state.step)
+            self.eval_step, self.eval_logged = trainer.state.step, set(metrics)
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         if not self.active:

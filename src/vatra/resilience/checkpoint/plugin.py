@@ -21,7 +21,7 @@ from vatra.resilience import recovery, snapshot
 from vatra.resilience.chaos import CheckpointCorruptor
 from vatra.resilience.checkpoint.loader import VersionLoader
 from vatra.resilience.checkpoint.notice import Notice, NoticeWatcher
-from vatra.resilience.checkpoint.preemption import Preempted, StopAgreement
+from vatra.resilience.checkpoint.preemption import PeerPreempted, Preempted, StopAgreement
 from vatra.resilience.checkpoint.ranks import RankGroups
 from vatra.resilience.checkpoint.schedule import (
     StepClock,
@@ -138,6 +138,8 @@ class CheckpointPlugin(Plugin):
         try:
             if self.preempted is not None:
                 self.stop.drain()
+                if not self.stop.node_noticed(self.ranks.ctl):  # another node's notice: this one stays
+                    raise PeerPreempted(f"{self.preempted}; the group re-forms on the nodes left")
                 raise Preempted(f"{self.preempted}; run the same command with --run-dir to resume")
             if trainer.state.step != self.saved_step:
                 self.save(trainer, reason="final", metrics=trainer.state.last_metrics)

@@ -8,6 +8,7 @@ async MAX all-reduce) so that all of them save the same step.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -26,6 +27,13 @@ class Preempted(VatraError):
     shell does: the launcher restarts or resumes the run elsewhere, as after a SIGTERM)."""
 
     exit_code = 143
+
+
+class PeerPreempted(Preempted):
+    """Another node got the notice; this rank saved the same step with it and exits so that the
+    elastic agent re-forms the group on the nodes left (75, EX_TEMPFAIL: this machine stays)."""
+
+    exit_code = 75
 
 
 SOURCES = ("sigterm", "file", "url")  # coded 1, 2, 3 in the agreement: MAX picks one for all ranks
@@ -90,6 +98,17 @@ class StopAgreement:
         self.stop_flag = torch.tensor(local, dtype=torch.float64)
         self.stop_work = dist.all_reduce(self.stop_flag, op=dist.ReduceOp.MAX, group=group, async_op=True)
         return agreed
+
+    def node_noticed(self, group: dist.ProcessGroup | None) -> bool:
+        """Whether a rank of this node (torchrun's ``GROUP_RANK``) saw the notice itself, i.e. this
+        machine is the one going away; collective on ``group``. Only local rank 0 watches the
+        endpoint and file, so the other ranks of its node learn it here."""
+        node = os.environ.get("GROUP_RANK", "0")
+        if group is None:
+            return self.notice is not None
+        seen: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(seen, (node, self.notice is not None), group=group)
+        return any(other == node and noticed for other, noticed in seen)
 
     def drain(self) -> None:
         """Wait for the reduction in flight, if any."""
