@@ -20,8 +20,8 @@ from vatra.config import Config, config_from_dict
 from vatra.federated._base import EvalRes, Failure, FitIns, FitRes, UploadHook
 from vatra.federated.client import LocalClient, initial_weights
 from vatra.federated.compression import build_upload_hook
-from vatra.federated.edgesync import EdgeSync
 from vatra.federated.data import Federation
+from vatra.federated.edgesync import EdgeSync
 from vatra.federated.owned import OwnedFederation, build_owners
 from vatra.federated.wire import (
     WireError,
