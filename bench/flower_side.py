@@ -120,7 +120,15 @@ def build_server_app(
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=clients)
+        # Every node each round, or --per-round of them sampled by Flower (fraction_train of the
+        # available nodes, at least min_train_nodes); the server evaluates, the clients never do.
+        per_round = args.per_round or clients
+        strategy = FedAvg(
+            fraction_train=per_round / clients,
+            fraction_evaluate=0.0,
+            min_train_nodes=per_round,
+            min_available_nodes=clients,
+        )
         config = ConfigRecord(
             {
                 "data": str(Path(args.data).resolve()),
@@ -149,6 +157,7 @@ def main() -> None:
     parser.add_argument("--init", required=True, help="torch state dict of the initial global model")
     parser.add_argument("--seed", type=int, default=0, help="seeds the clients' batch order")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--per-round", type=int, default=0, help="clients trained per round; 0 = all")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
