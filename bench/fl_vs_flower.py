@@ -134,6 +134,7 @@ def flower_command(
         *("--data", str(paths["data"]), "--partition", str(paths["partition"]), "--init", str(paths["init"])),
         *("--seed", str(seed), "--rounds", str(args.rounds), "--per-round", str(args.per_round)),
         *(*local, "--out", str(out)),
+        *(("--same-clients", str(out.parent / "selected.json")) if args.same_clients else ()),
     ]
 
 
@@ -177,6 +178,9 @@ def run_flower(
     seed: int, args: argparse.Namespace, paths: dict[str, Path], cfg: Config, folder: Path
 ) -> dict[str, Any]:
     out = folder / "flower.json"
+    if args.same_clients:  # the clients vatra's first run trained, round by round
+        rows = read_jsonl(folder / f"vatra-w{args.vatra_workers[0]}-run" / "metrics.jsonl")
+        (folder / "selected.json").write_text(json.dumps([r["selected"] for r in rows]))
     wall = timed(flower_command(seed, args, paths, cfg, out), folder / "flower.log")
     res = json.loads(out.read_text())
     return scores(res["accuracy"], res["round_time_s"], wall)
@@ -218,7 +222,8 @@ def run_all(
                 run_dir = folder / f"vatra-w{w}-run"
                 commands[f"vatra w{w}"] = shlex.join(vatra_command(seed, w, args, paths, run_dir))
             commands["flower"] = shlex.join(flower_command(seed, args, paths, cfg, folder / "flower.json"))
-            for name in names[:: 1 if i % 2 == 0 else -1]:  # alternate the order: the machine drifts
+            # Alternate the order (the machine drifts), unless Flower must follow vatra's selection.
+            for name in names[:: 1 if i % 2 == 0 or args.same_clients else -1]:
                 res = runs[name]()
                 per_seed[name].append({"seed": seed, **res})
                 print(
@@ -309,6 +314,12 @@ def main() -> None:
         default=0,
         help="clients trained per round on both sides (0, the default: all); "
         "vatra's federated.clients_per_round, Flower's fraction_train",
+    )
+    parser.add_argument(
+        "--same-clients",
+        action="store_true",
+        help="with --per-round: Flower's sampled nodes train the clients vatra selected each round "
+        "(vatra runs first), so only the engines differ",
     )
     parser.add_argument("--alpha", type=float, default=0.1)
     parser.add_argument(
