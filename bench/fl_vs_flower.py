@@ -2,7 +2,7 @@
 
     make bench-flower
     .venv/bin/python bench/fl_vs_flower.py [--seeds 0 1 2] [--rounds 30] [--flower-python PATH]
-    .venv/bin/python bench/fl_vs_flower.py --clients 1000 --per-round 100 --seeds 0   # issue 41
+    .venv/bin/python bench/fl_vs_flower.py --clients 1000 --per-round 100 --same-clients --seeds 0  # issue 41
 
 20 clients with label skew (Dirichlet alpha 0.1), FedAvg weighted by sample counts, every client
 every round, one local epoch (⌈n_c / 16⌉ SGD steps, the last batch short), 30 rounds. For each
@@ -23,10 +23,11 @@ sides read those same files:
 ``--clients 1000 --per-round 100`` (issue 41) keeps all of the above but trains 100 clients a
 round, drawn uniformly each round by each side (vatra's ``selection = "random"`` with
 ``clients_per_round``, Flower's FedAvg ``fraction_train = 0.1`` with ``min_train_nodes = 100``;
-the two draw different clients). Digits' ~1,400 train rows give each of 1,000 clients 1–3 rows (the
-partition never leaves one empty), so one local epoch is one SGD step on both sides. Evaluation is
-the server's on the val split on both sides (clients hold out nothing: ``val_fraction = 0``,
-``fraction_evaluate = 0``).
+the two draw different clients unless ``--same-clients``: then vatra runs first and Flower's i-th
+sampled node of round r trains the i-th client vatra selected in round r). Digits' ~1,400 train
+rows give each of 1,000 clients 1–3 rows (the partition never leaves one empty), so one local
+epoch is one SGD step on both sides. Evaluation is the server's on the val split on both sides
+(clients hold out nothing: ``val_fraction = 0``, ``fraction_evaluate = 0``).
 
 The two differ only in the order of each client's batches (each side seeds its own shuffle), so
 the accuracy figures are given as the mean and the min–max over seeds. The wall time is the whole
