@@ -55,6 +55,7 @@ $(FLOWER_VENV)/.installed:
 
 bench-flower: $(VENV)/.installed-dev $(FLOWER_VENV)/.installed
 	$(BIN)/python bench/fl_vs_flower.py --flower-python $(FLOWER_VENV)/bin/python
+	$(BIN)/python bench/fl_vs_flower.py --flower-python $(FLOWER_VENV)/bin/python --clients 1000 --per-round 100 --same-clients --seeds 0
 
 clean:
 	rm -rf $(VENV) $(FLOWER_VENV) runs bench/results

@@ -69,7 +69,8 @@ def train(msg: Message, context: Context) -> Message:
     """One local epoch of SGD on this node's rows; replies with the weights and the sample count."""
     torch.set_num_threads(1)
     conf = msg.content["config"]
-    cid = int(context.node_config["partition-id"])
+    # --same-clients: the server names the shard; else the node's own partition.
+    cid = int(conf["client"]) if "client" in conf else int(context.node_config["partition-id"])
     rnd = int(conf["server-round"])
     x_all, y_all, shards = client_data(str(conf["data"]), str(conf["partition"]))
     idx = torch.from_numpy(shards[cid])
@@ -97,6 +98,34 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
+class SameClientsFedAvg(FedAvg):
+    """FedAvg whose sampled nodes train the shards another run selected (``rounds[r - 1]``).
+
+    Flower samples its nodes as usual; the i-th message of round r then names shard
+    ``rounds[r - 1][i]``, so both sides train the same clients and only the engines differ.
+    """
+
+    rounds: list[list[int]]  # set before start()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        chosen = self.rounds[server_round - 1]
+        if len(chosen) != len(messages):
+            raise SystemExit(
+                f"round {server_round}: {len(messages)} nodes sampled, {len(chosen)} shards given"
+            )
+        return [
+            Message(
+                content=RecordDict({"arrays": arrays, "config": ConfigRecord({**dict(config), "client": c})}),
+                message_type=m.metadata.message_type,
+                dst_node_id=m.metadata.dst_node_id,
+            )
+            for m, c in zip(messages, chosen, strict=True)
+        ]
+
+
 def build_server_app(
     args: argparse.Namespace, accuracy: dict[int, float], stamps: dict[int, float]
 ) -> ServerApp:
@@ -120,7 +149,15 @@ def build_server_app(
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=clients)
+        # Every node each round, or --per-round of them sampled by Flower (fraction_train of the
+        # available nodes, at least min_train_nodes); the server evaluates, the clients never do.
+        per_round = args.per_round or clients
+        strategy = (SameClientsFedAvg if args.same_clients else FedAvg)(
+            fraction_train=per_round / clients,
+            fraction_evaluate=0.0,
+            min_train_nodes=per_round,
+            min_available_nodes=clients,
+        )
         config = ConfigRecord(
             {
                 "data": str(Path(args.data).resolve()),
@@ -131,6 +168,9 @@ def build_server_app(
                 "batch-size": args.batch_size,
             }
         )
+        if args.same_clients:
+            assert isinstance(strategy, SameClientsFedAvg)
+            strategy.rounds = json.loads(Path(args.same_clients).read_text())
         strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(torch.load(args.init)),
@@ -149,6 +189,12 @@ def main() -> None:
     parser.add_argument("--init", required=True, help="torch state dict of the initial global model")
     parser.add_argument("--seed", type=int, default=0, help="seeds the clients' batch order")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--per-round", type=int, default=0, help="clients trained per round; 0 = all")
+    parser.add_argument(
+        "--same-clients",
+        default="",
+        help="JSON list per round of the shards to train (another run's selection)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9)
