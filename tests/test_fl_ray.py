@@ -61,7 +61,9 @@ def _config(backend: str, **fed: object) -> object:
     )
 
 
-@pytest.mark.slow(25)
+# Ray's start-up is most of these tests (8-11 s alone, 80-100 s in a full run): one worker runs both
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow(100)
 def test_the_ray_backend_gives_the_in_process_aggregate(tmp_path: Path, ray_tmp: Path) -> None:
     # Prepare: the in-process reference, vmapped in this process (workers = 1)
     reference = simulate(_config("inprocess", workers=1), RunDir(tmp_path / "inproc"), progress=False)  # type: ignore[arg-type]
@@ -99,7 +101,8 @@ def test_an_address_where_no_ray_listens_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.slow(15)
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow(80)
 def test_a_lost_ray_worker_fails_its_clients_not_the_round(ray_tmp: Path) -> None:
     import ray
 

@@ -25,7 +25,7 @@ def _args(*sets: str) -> list[str]:
 
 @pytest.mark.parametrize(
     "source",
-    [pytest.param("file", marks=pytest.mark.slow(45)), pytest.param("sigterm", marks=pytest.mark.slow(30))],
+    [pytest.param("file", marks=pytest.mark.slow(68)), pytest.param("sigterm", marks=pytest.mark.slow(30))],
 )
 def test_a_preempted_node_leaves_and_the_other_finishes_alone_with_exact_weights(
     tmp_path: Path, source: str

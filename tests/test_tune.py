@@ -184,7 +184,7 @@ def test_killed_study_resumes_without_duplicate_trials(
     assert sum(t["state"] in ("COMPLETE", "PRUNED") for t in trials.values()) == 2
 
 
-@pytest.mark.slow(40)
+@pytest.mark.slow(69)
 def test_ctrl_c_says_what_finished_and_the_same_command_resumes_counting_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
