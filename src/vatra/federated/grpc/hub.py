@@ -184,7 +184,9 @@ class Hub:
         once the model's spec is known, without touching the global RNG the server draws from."""
         if self.sync is None:
             assert self.spec is not None, "the model's spec is known before a join or a task"
-            with torch.random.fork_rng():
+            # on the meta device: shapes only, no draw from the RNG the server's own thread draws from
+            # (fork_rng here raced with it: its restore undid the server's draws made meanwhile)
+            with torch.device("meta"):
                 shapes = ParamLayout.of(build_model(self.config.model, self.spec)).shapes
             self.sync = EdgeSync(self.config, shapes, simulated=False)
         return self.sync
