@@ -128,7 +128,8 @@ def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: P
         serr = _finish(hit_server, server_run, 60)
     finally:
         for proc in (hit_worker, hit_server):
-            proc.kill() if proc.poll() is None else None
+            if proc.poll() is None:
+                proc.kill()
     assert hit_worker.returncode == 0, werr[-2000:]
     assert hit_server.returncode == 0, serr[-2000:]
     # Assert (worker): only worker 1 restarted; it resumed from its step-10 state, worker 0 went on

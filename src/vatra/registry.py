@@ -55,9 +55,10 @@ def _forget_shadowed(folder: Path) -> None:
     names = {e.stem for e in entries if e.suffix == ".py"} | {
         e.name for e in entries if (e / "__init__.py").is_file()
     }
+    root = folder.resolve()
     for name in names & sys.modules.keys():
         origin = getattr(sys.modules[name], "__file__", None)
-        if origin is not None and Path(origin).resolve().is_relative_to(folder.resolve()):
+        if origin is not None and Path(origin).resolve().is_relative_to(root):
             continue
         for sub in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
             del sys.modules[sub]

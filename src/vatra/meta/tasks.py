@@ -112,15 +112,7 @@ class ClassTasks:
         rng = episode_rng(self.seed, split, index)
         chosen = rng.choice(self.classes[split], self.ways, replace=False)
         picks = [rng.choice(self.rows[int(c)], self.shots + self.queries, replace=False) for c in chosen]
-        support = np.concatenate([p[: self.shots] for p in picks])  # (ways·shots,)
-        query = np.concatenate([p[self.shots :] for p in picks])  # (ways·queries,)
-        labels = torch.arange(self.ways)
-        return (
-            self.x[support],
-            labels.repeat_interleave(self.shots),
-            self.x[query],
-            labels.repeat_interleave(self.queries),
-        )
+        return _episode(self.x, picks, self.shots, self.queries)
 
 
 class ColumnTasks:
@@ -163,15 +155,16 @@ class ColumnTasks:
             rng.choice(self.rows[(site, c)], self.shots + self.queries, replace=False)
             for c in range(self.classes_n)
         ]
-        support = np.concatenate([p[: self.shots] for p in picks])
-        query = np.concatenate([p[self.shots :] for p in picks])
-        labels = torch.arange(self.classes_n)
-        return (
-            self.x[support],
-            labels.repeat_interleave(self.shots),
-            self.x[query],
-            labels.repeat_interleave(self.queries),
-        )
+        return _episode(self.x, picks, self.shots, self.queries)
+
+
+def _episode(x: torch.Tensor, picks: list[np.ndarray], shots: int, queries: int) -> Episode:
+    """Support and query rows from each class's picked rows (class i = label i): its first ``shots``
+    rows support, the rest query."""
+    support = np.concatenate([p[:shots] for p in picks])  # (classes·shots,)
+    query = np.concatenate([p[shots:] for p in picks])  # (classes·queries,)
+    labels = torch.arange(len(picks))
+    return x[support], labels.repeat_interleave(shots), x[query], labels.repeat_interleave(queries)
 
 
 class UserTasks:
