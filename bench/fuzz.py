@@ -26,7 +26,7 @@ from typing import Any
 from _common import RESULTS, print_table, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("wire", "secagg", "config", "manifest", "table", "ablog")
+TARGETS = ("wire", "secagg", "config", "manifest", "table", "ablog", "contract", "notice")
 _STATUS = re.compile(r"cov: (\d+) ft: (\d+) corp: (\d+)/")
 _STAT = re.compile(r"stat::(\w+):\s+(\d+)")
 

@@ -13,6 +13,8 @@ MODULES = {  # target name → the module defining it (as NAME.upper())
     "manifest": "tests.fuzz.file_targets",
     "table": "tests.fuzz.file_targets",
     "ablog": "tests.fuzz.ab_targets",
+    "contract": "tests.fuzz.remote_targets",
+    "notice": "tests.fuzz.remote_targets",
 }
 
 
