@@ -12,6 +12,7 @@ from vatra.cli import model as _model  # noqa: F401  (registers the model regist
 from vatra.cli import model_ab as _model_ab  # noqa: F401  (registers model ab-report)
 from vatra.cli import model_serve as _model_serve  # noqa: F401  (registers model serve)
 from vatra.cli import plan as _plan  # noqa: F401  (registers plan)
+from vatra.cli import profile as _profile  # noqa: F401  (registers profile)
 from vatra.cli import predict as _predict  # noqa: F401  (registers predict and export)
 from vatra.cli import report as _report  # noqa: F401  (registers report)
 from vatra.cli import spot as _spot  # noqa: F401  (registers spot simulate)

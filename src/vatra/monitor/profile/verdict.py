@@ -1,0 +1,150 @@
+"""The verdict: what bounds the profiled steps, with its evidence and the safe fixes to try.
+
+Rules, over the ranks' breakdowns (shares of the step time; thresholds in docs/profiling.md):
+
+* ``checkpoint-stall``: checkpoint saves take ≥ 15 % of the window on some rank;
+* ``data-bound``: the training thread waits for data ≥ 30 % of the step on some rank (the seed's
+  distributed profiler found 30 % in data loading);
+* ``straggler``: one rank's own time (step minus exposed communication and data wait) is ≥ 1.3×
+  the other ranks' median while they spend ≥ 20 % of their step waiting in collectives;
+* ``communication-bound``: the ranks spend ≥ 30 % of their step (mean) waiting in collectives;
+* ``overhead-bound``: the compute phases run ≥ 300 top-level ops per step whose median is
+  < 20 µs, or their ops fill < 50 % of those phases (the rest is Python and dispatch);
+* ``compute-bound`` otherwise: forward, backward and the optimizer fill the step.
+
+The first rule that holds is the verdict; every rule that holds is a finding with its evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+CHECKPOINT_SHARE = 0.15
+DATA_SHARE = 0.30
+STRAGGLER_RATIO = 1.3
+STRAGGLER_WAIT = 0.20
+COMM_SHARE = 0.30
+TINY_OPS_PER_STEP = 300
+TINY_OP_US = 20.0
+OP_FILL = 0.5
+MAX_WORKERS = 8
+
+
+@dataclass
+class Finding:
+    kind: str
+    evidence: list[str]
+    fixes: dict[str, Any] = field(default_factory=dict)  # --set overrides: section.key → value
+    advice: str = ""
+
+
+def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Finding]:
+    """Every rule that holds, the verdict first; ``[compute-bound]`` when none does. ``cfg``: the
+    run's resolved config (the fixes start from its values)."""
+    found: list[Finding] = []
+    share = {part: [r["shares"][part] for r in ranks] for part in ranks[0]["shares"]}
+    worst = max(ranks, key=lambda r: r["shares"]["checkpoint"])
+    if worst["shares"]["checkpoint"] >= CHECKPOINT_SHARE:
+        every = cfg.checkpoint.every_steps
+        fixes = {"checkpoint.every_steps": every * 4} if isinstance(every, int) and every > 0 else {}
+        found.append(
+            Finding(
+                "checkpoint-stall",
+                [f"rank {worst['rank']}: checkpoint saves take {worst['shares']['checkpoint']:.0%} of "
+                 f"the step time (threshold {CHECKPOINT_SHARE:.0%})"],
+                fixes,
+                "save less often (checkpoint.every_steps, or 'auto' for Young/Daly), or "
+                "checkpoint.async = true",
+            )
+        )  # fmt: skip
+    worst = max(ranks, key=lambda r: r["shares"]["data_wait"])
+    if worst["shares"]["data_wait"] >= DATA_SHARE:
+        found.append(_data_bound(worst, cfg, cuda))
+    if len(ranks) > 1:
+        own = [r["step_s"] * (1 - r["shares"]["comm_exposed"] - r["shares"]["data_wait"]) for r in ranks]
+        slow = max(range(len(ranks)), key=lambda i: own[i])
+        others = [own[i] for i in range(len(ranks)) if i != slow]
+        waits = [ranks[i]["shares"]["comm_exposed"] for i in range(len(ranks)) if i != slow]
+        ratio = own[slow] / max(statistics.median(others), 1e-9)
+        if ratio >= STRAGGLER_RATIO and statistics.median(waits) >= STRAGGLER_WAIT:
+            found.append(
+                Finding(
+                    "straggler",
+                    [f"rank {ranks[slow]['rank']}: {own[slow] * 1e3:.1f} ms of its own work per step, "
+                     f"{ratio:.1f}× the other ranks' median ({statistics.median(others) * 1e3:.1f} ms)",
+                     f"the other ranks wait in collectives {statistics.median(waits):.0%} of their step"],
+                    {},
+                    f"find what slows rank {ranks[slow]['rank']} (its host, its data shard), or let "
+                    "balance.method = 'proportional' give it a smaller share of each batch",
+                )
+            )  # fmt: skip
+    mean_comm = statistics.fmean(share["comm_exposed"])
+    if mean_comm >= COMM_SHARE and not any(f.kind == "straggler" for f in found):
+        bucket = cfg.dist.bucket_cap_mb
+        found.append(
+            Finding(
+                "communication-bound",
+                [f"the ranks wait in collectives {mean_comm:.0%} of their step (mean; threshold "
+                 f"{COMM_SHARE:.0%})",
+                 f"collective time hidden under compute: "
+                 f"{statistics.fmean(r['comm_overlapped'] for r in ranks) * 1e3:.1f} ms of "
+                 f"{statistics.fmean(r['comm_total'] for r in ranks) * 1e3:.1f} ms a window"],
+                {"dist.bucket_cap_mb": bucket / 4} if bucket > 1 else {},
+                "smaller buckets start the all-reduce earlier in backward (more overlap); on a slow "
+                "link, compress the gradients (comm.method = 'powersgd' or 'topk', docs/communication.md)",
+            )
+        )  # fmt: skip
+    ops = statistics.median(r["ops_per_step"] for r in ranks)
+    op_us = statistics.median(r["median_op_us"] for r in ranks)
+    fill = statistics.median(r["op_share_of_compute"] for r in ranks)
+    if (ops >= TINY_OPS_PER_STEP and op_us < TINY_OP_US) or fill < OP_FILL:
+        found.append(
+            Finding(
+                "overhead-bound",
+                [f"{ops:.0f} top-level ops per step, median {op_us:.1f} µs; ops fill {fill:.0%} of "
+                 "forward, backward and optimizer (the rest is Python and dispatch)"],
+                {},
+                "fewer, larger ops: a larger train.batch_size, train.compile = true, fused optimizers",
+            )
+        )  # fmt: skip
+    if not found:
+        compute = statistics.fmean(
+            r["shares"]["forward"] + r["shares"]["backward"] + r["shares"]["optimizer"] for r in ranks
+        )
+        found.append(
+            Finding(
+                "compute-bound",
+                [f"forward, backward and optimizer fill {compute:.0%} of the step (mean over ranks)"],
+            )
+        )
+    return found
+
+
+def _data_bound(worst: dict[str, Any], cfg: Any, cuda: bool) -> Finding:
+    """More loader workers, deeper prefetch (and pinned memory with CUDA): enough workers that
+    loading a batch (the wait measured without them) overlaps the rest of the step."""
+    wait, step = worst["parts"]["data_wait"] / worst["steps"], worst["step_s"]
+    rest = max(step - wait, 1e-4)
+    workers = cfg.data.workers
+    if workers == 0:
+        # k workers load k batches in the time one takes: k ≥ load time / the step's other work
+        want = min(MAX_WORKERS, max(2, math.ceil(wait / rest) + 1))
+    else:
+        want = min(MAX_WORKERS, workers * 2)
+    fixes: dict[str, Any] = {}
+    if want > workers:
+        fixes["data.workers"] = want
+    if cfg.data.prefetch_factor < 4:
+        fixes["data.prefetch_factor"] = 4
+    evidence = [
+        f"rank {worst['rank']}: waits for data {worst['shares']['data_wait']:.0%} of the step "
+        f"({wait * 1e3:.1f} ms of {step * 1e3:.1f} ms; threshold {DATA_SHARE:.0%})",
+        f"data.workers = {workers}, data.prefetch_factor = {cfg.data.prefetch_factor}",
+        "pinned memory: on (the loader pins batches whenever the device is CUDA)"
+        if cuda
+        else "pinned memory: not applicable (no CUDA device)",
+    ]
+    return Finding("data-bound", evidence, fixes, "load in parallel and ahead of the step")

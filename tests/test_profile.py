@@ -1,0 +1,197 @@
+"""``vatra profile``: the traces, the breakdown, the verdict and the automatic fix."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests._dist import needs_netns, run_vatra
+from tests.conftest import vatra_in_process
+
+import vatra
+from vatra.config import load_config
+from vatra.monitor.profile import PARTS, analyse, format_report, profile_run
+
+# A user's dataset whose items take a millisecond each to read (a slow disk, a decoder): a batch
+# of 8 waits ~9 ms while the small model computes in about 1 ms.
+SLOW_DATA = """
+import time
+
+import torch
+
+
+class Slow(torch.utils.data.Dataset):
+    num_classes = 2
+
+    def __init__(self, n, delay):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = (self.x.sum(1) > 0).long()
+        self.delay = delay
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+def data(n=512, delay=0.001):
+    return Slow(n, delay), None
+"""
+
+SLOW_TOML = """
+[run]
+name = "slow"
+progress = "off"
+tensorboard = false
+
+[data]
+name = "slowdata:data"
+kwargs = { n = 512, delay = 0.001 }
+
+[model]
+name = "mlp"
+hidden = [32]
+
+[train]
+steps = 40
+batch_size = 8
+eval_every = 0
+
+[optim]
+name = "sgd"
+lr = 0.1
+
+[monitor]
+report = false
+
+[checkpoint]
+enabled = false
+"""
+
+
+def _slow_project(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "slowdata.py").write_text(SLOW_DATA)
+    (folder / "slow.toml").write_text(SLOW_TOML)
+    return folder / "slow.toml"
+
+
+def _in_process(config: Path) -> Any:
+    """The window trained by vatra.fit in this process (one rank), then its traces read."""
+
+    def measure(overrides: list[str], where: Path) -> dict[str, Any]:
+        vatra.fit(load_config(config, overrides, run="train"), run_dir=where)
+        return analyse(where)
+
+    return measure
+
+
+def test_a_slow_loader_is_named_data_bound_and_the_fix_cuts_the_data_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: one torch thread (the 2-core machine's second core serves the loader workers)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = _slow_project(tmp_path / "project")
+    cfg = load_config(config, run="train")
+    # Execute
+    report = profile_run(
+        _in_process(config), cfg, [], (11, 30), tmp_path / "run", fix=True, cuda=False, config_path=str(config)
+    )
+    # Assert: the data wait dominates, is named, and the re-measured fix shrinks it
+    rank = report["ranks"][0]
+    assert report["verdict"] == "data-bound", format_report(report)
+    assert rank["steps"] == 20 and sum(rank["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert rank["shares"]["data_wait"] > 0.5
+    finding = report["findings"][0]
+    assert finding["fixes"]["data.workers"] >= 2 and finding["fixes"]["data.prefetch_factor"] == 4
+    fix = report["fix"]
+    assert fix["after"]["data_wait"] < 0.75 * fix["before"]["data_wait"], format_report(report)
+    assert "--set data.workers=" in fix["command"] and fix["command"].startswith("vatra train ")
+    # the engine's own clocks agree that the wait is the data's
+    engine = report["engine"]
+    assert engine["data_time_s"] > 0.5 * engine["step_time_s"]
+    saved = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert saved["verdict"] == "data-bound" and saved["fix"]["overrides"] == fix["overrides"]
+    text = format_report(report)
+    assert "verdict: data-bound" in text and "rank 0 fixed" in text and "keep it: vatra train" in text
+
+
+@pytest.mark.parametrize(
+    ("steps", "says"),
+    [("5:2", "expected A:B with 1 ≤ A ≤ B"), ("3:99", "train.steps = 40"), ("x", "expected A:B")],
+)
+def test_bad_steps_are_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], steps: str, says: str
+) -> None:
+    config = _slow_project(tmp_path / "project")
+    code, _, err = vatra_in_process(capsys, "profile", str(config), "--steps", steps, "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and err.startswith("error: --steps") and says in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "r").exists()  # nothing started
+
+
+@pytest.mark.slow(40)
+def test_two_ranks_merge_into_one_aligned_trace_and_a_slow_rank_is_named(tmp_path: Path) -> None:
+    # Prepare: rank 1 sleeps 60 ms each step (chaos.slow_rank); rank 0 waits for it in the all-reduce
+    run = tmp_path / "run"
+    # Execute
+    done = run_vatra(
+        "profile", "examples/digits.toml", "--steps", "3:6", "--nproc", "2", "--run-dir", str(run),
+        "--set", "train.steps=8", "--set", "run.progress=off", "--set", "monitor.report=false",
+        "--set", "run.tensorboard=false", "--set", "chaos.slow_rank=1", "--set", "chaos.slow_rank_s=0.06",
+    )  # fmt: skip
+    # Assert
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "verdict: straggler" in done.stdout and "rank 1:" in done.stdout, done.stdout
+    merged = json.loads((run / "trace.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1"}
+    assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
+    spans = {
+        (e["pid"], e["name"]): (e["ts"], e["ts"] + e["dur"])
+        for e in merged["traceEvents"]
+        if e.get("ph") == "X" and e["name"].startswith("vatra.step#")
+    }
+    assert {name for _, name in spans} == {f"vatra.step#{s}" for s in range(3, 7)}
+    for step in range(3, 7):  # the ranks meet in each step's all-reduce: their spans overlap in time
+        a, b = spans[(0, f"vatra.step#{step}")], spans[(1, f"vatra.step#{step}")]
+        assert min(a[1], b[1]) > max(a[0], b[0]), (step, a, b)
+    report = json.loads((run / "profile.json").read_text())
+    assert report["verdict"] == "straggler" and [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["ranks"][0]["shares"]["comm_exposed"] > report["ranks"][1]["shares"]["comm_exposed"]
+    assert set(report["ranks"][0]["parts"]) == set(PARTS)
+
+
+@needs_netns
+@pytest.mark.xdist_group("netns")
+@pytest.mark.slow(90)
+def test_a_shaped_link_is_named_communication_bound(tmp_path: Path) -> None:
+    # Prepare: 2 hosts of one rank each joined by a 20 Mbit/s link; a 0.3 M-parameter model
+    name = f"p{os.getpid() % 100000}"
+    run = tmp_path / "run"
+    up = run_vatra("cluster", "up", "--name", name, "--hosts", "2", "--procs-per-host", "1",
+                   "--bandwidth", "20mbit")  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        # Execute
+        done = run_vatra(
+            "cluster", "run", "--name", name, "--timeout", "200", "--",
+            "vatra", "profile", "examples/digits.toml", "--steps", "3:5", "--run-dir", str(run),
+            "--set", "train.steps=6", "--set", "run.progress=off", "--set", "monitor.report=false",
+            "--set", "run.tensorboard=false", "--set", "model.hidden=[512,512]",
+            "--set", "checkpoint.enabled=false",
+        )  # fmt: skip
+    finally:
+        run_vatra("cluster", "down", "--name", name)
+    # Assert
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((run / "profile.json").read_text())
+    assert report["world_size"] == 2 and report["verdict"] == "communication-bound", report["findings"]
+    assert all(r["shares"]["comm_exposed"] > 0.5 for r in report["ranks"])
+    assert report["findings"][0]["fixes"] == {"dist.bucket_cap_mb": 6.25}
