@@ -34,7 +34,7 @@ def profile(
     config: Path = typer.Argument(..., help="TOML config file, e.g. examples/digits.toml."),
     steps: str = typer.Option(..., "--steps", help="Steps to profile, A:B (from 1, inclusive), e.g. 5:8."),
     fix: bool = typer.Option(
-        False, "--fix", help="Apply the verdict's safe fixes, re-run the same steps and compare."
+        False, "--fix", help="Apply the verdict's safe fixes, run the same steps again and compare."
     ),
     nproc: Nproc = None,
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -47,10 +47,10 @@ def profile(
     node_rank: NodeRank = None,
     local_addr: LocalAddr = None,
 ) -> None:
-    """Profile steps A:B of a training run on every rank with torch.profiler: per-rank traces and a
-    merged trace.json in the run folder, each rank's time breakdown (data wait, forward, backward,
-    exposed communication, optimizer, checkpoint, idle), a verdict with its evidence in
-    profile.json, and with --fix the safe fixes re-measured. The run stops after step B; the
+    """Profile steps A:B of a training run on every rank with torch.profiler: a trace of each rank
+    and a merged trace.json in the run folder, each rank's time breakdown (data wait, forward,
+    backward, exposed communication, optimizer, checkpoint, idle), a verdict with its evidence in
+    profile.json, and with --fix the safe fixes measured again. The run stops after step B; the
     vatra train options apply."""
     cfg = load_config(config, set_, run="train")
     try:

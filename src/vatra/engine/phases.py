@@ -2,8 +2,9 @@
 ``vatra.forward``, ``vatra.backward``, ``vatra.optimizer``, ``vatra.checkpoint``.
 
 ``vatra profile`` (:mod:`vatra.monitor.profile`) reads a step's time breakdown off these labels.
-Without a profiler running, :func:`phase` returns a shared null context: one cheap C call per phase
-(``torch.autograd._profiler_enabled``), no ``record_function`` op recorded or dispatched.
+Without a profiler running, :func:`phase` returns a shared null context: one C call per phase
+(``torch.autograd._profiler_enabled``; with the ``with`` about 1 µs here, five a step), no
+``record_function`` op recorded or dispatched.
 """
 
 from __future__ import annotations

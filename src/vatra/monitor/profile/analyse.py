@@ -55,7 +55,7 @@ def _hta(folder: Path, ranks: list[int]) -> dict[str, Any]:
     """HTA's temporal breakdown (GPU compute, non-compute, idle per rank) and its communication/
     computation overlap, for traces with GPU kernels; HTA is not a dependency of vatra."""
     try:
-        from hta.trace_analysis import TraceAnalysis  # type: ignore[import-not-found]
+        from hta.trace_analysis import TraceAnalysis
     except ImportError:
         return {"reader": "vatra (GPU kernels traced, HTA not installed: pip install HolisticTraceAnalysis)"}
     try:

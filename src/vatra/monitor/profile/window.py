@@ -50,9 +50,10 @@ class TraceWindow(Plugin):
         self.span: record_function | None = None
         self.wall_us = 0.0  # Unix time (µs) of the clock marker
         self.steps: list[int] = []
+        self.done = False  # one window per run, even when healing rolls the steps back into it
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        if self.first - 1 <= trainer.state.step < self.last:
+        if self.first - 1 <= trainer.state.step < self.last and not self.done:
             self._start(trainer)
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
@@ -63,7 +64,7 @@ class TraceWindow(Plugin):
                 self._stop(trainer)
                 return
             self._open_span(step + 1)
-        elif self.first - 1 <= step < self.last:
+        elif self.first - 1 <= step < self.last and not self.done:
             self._start(trainer)
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
@@ -99,7 +100,7 @@ class TraceWindow(Plugin):
         if self.prof is None:
             return
         self._close_span()
-        prof, self.prof = self.prof, None
+        prof, self.prof, self.done = self.prof, None, True
         prof.stop()
         path = rank_trace(self.folder, trainer.dist.rank)
         prof.export_chrome_trace(str(path))
