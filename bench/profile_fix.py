@@ -8,8 +8,10 @@ process with the profiler on steps ``--window``. Side by side, each measured fro
 traces over the same steps (data wait = time inside ``vatra.data_wait`` on the training thread):
 
 - ``as written``: ``data.workers = 0`` (items read in the training process);
-- ``vatra profile --fix``: the verdict's fix (loader workers sized from the measured wait, prefetch
-  factor 4), re-measured by the same driver ``vatra profile --fix`` runs;
+- ``fix: prefetch threads`` / ``fix: loader workers``: the verdict's two candidate fixes (k
+  ``data.prefetch`` threads, or k ``data.workers`` with ``prefetch_factor = 4``; k sized from the
+  measured wait), each re-measured by the same driver ``vatra profile --fix`` runs, and ``kept``:
+  the one it keeps (the shortest step);
 - ``torch's advice``: ``data.workers = os.cpu_count()``, the most workers torch's DataLoader
   accepts without a warning (what a user would try first).
 
@@ -89,6 +91,11 @@ enabled = false
 """
 
 
+def _generic(name: str) -> str:
+    """A candidate's row name without its sized count (k varies with each run's measured wait)."""
+    return "fix: prefetch threads" if "prefetch=" in name and "workers" not in name else "fix: loader workers"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--delay", type=float, default=0.001, help="seconds each item's read sleeps")
@@ -117,17 +124,24 @@ def main() -> None:
             peer = measure(
                 [f"monitor.profile_steps={first}:{last}", f"data.workers={os.cpu_count()}"], where / "peer"
             )
-            fixed = report["fix"]
-            runs.append(
-                {
-                    "verdict": report["verdict"],
-                    "fix": fixed["overrides"],
-                    "as written": (report["step_s"], report["mean"]["data_wait"]),
-                    "vatra profile --fix": (fixed["step_s"]["after"], fixed["after"]["data_wait"]),
-                    f"torch's advice (workers={os.cpu_count()})": (peer["step_s"], peer["mean"]["data_wait"]),
-                }
+            fix = report["fix"]
+            row = {
+                "verdict": report["verdict"],
+                "as written": (report["step_s"], report["mean"]["data_wait"]),
+            }
+            for tried in fix["tried"]:
+                name = "fix: " + ", ".join(
+                    f"{k.removeprefix('data.')}={v}" for k, v in tried["overrides"].items()
+                )
+                row[_generic(name)] = (tried["step_s"], tried["mean"]["data_wait"])
+            kept = fix["tried"][fix["kept"]] if fix["kept"] is not None else None
+            row["vatra profile --fix (kept)"] = (
+                (kept["step_s"], kept["mean"]["data_wait"]) if kept else row["as written"]
             )
-    variants = [k for k in runs[0] if k not in ("verdict", "fix")]
+            row[f"torch's advice (workers={os.cpu_count()})"] = (peer["step_s"], peer["mean"]["data_wait"])
+            row["kept"] = kept["overrides"] if kept else None
+            runs.append(row)
+    variants = [k for k in runs[0] if k not in ("verdict", "kept")]
     base = statistics.median(r["as written"][1] for r in runs)
     rows, result = [], {}
     for name in variants:
@@ -136,7 +150,7 @@ def main() -> None:
         change = (share - base) / base if base else 0.0
         rows.append([name, step, f"{share:.1%}", f"{change:+.0%}"])
         result[name] = {"step_ms": step, "data_wait_share": share, "change_vs_as_written": change}
-    print(f"verdicts: {[r['verdict'] for r in runs]}; fix: {runs[0]['fix']}")
+    print(f"verdicts: {[r['verdict'] for r in runs]}; kept: {[r['kept'] for r in runs]}")
     print_table(["variant", "step ms (median)", "data wait share", "change"], rows)
     print("seed: prefetching cut the data-loading share by 85 %")
     write_result(

@@ -24,25 +24,30 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     lines += [_row(f"rank {r['rank']}", r["step_s"], r["shares"]) for r in report["ranks"]]
     fix = report.get("fix", {})
-    lines += [_row(f"rank {r['rank']} fixed", r["step_s"], r["shares"]) for r in fix.get("ranks", [])]
+    for i, tried in enumerate(fix.get("tried", []), 1):
+        lines += [_row(f"rank {r['rank']} fix {i}", r["step_s"], r["shares"]) for r in tried["ranks"]]
     lines.append(f"verdict: {report['verdict']}")
     for finding in report["findings"]:
         lines += [f"  {finding['kind']}: {line}" for line in finding["evidence"]]
         if finding["advice"]:
             lines.append(f"  {finding['kind']}: to do: {finding['advice']}")
-    if fix.get("ranks"):
-        part = TARGET.get(report["verdict"], "idle")
-        was, now = fix["before"][part], fix["after"][part]
+    part = TARGET.get(report["verdict"], "idle")
+    for i, tried in enumerate(fix.get("tried", []), 1):
+        was, now = fix["before"]["mean"][part], tried["mean"][part]
         change = f" ({(now - was) / was:+.0%})" if was else ""
-        sets = ", ".join(f"{k}={v}" for k, v in fix["overrides"].items())
         lines.append(
-            f"fix {sets}: {part} {was:.0%} → {now:.0%} of the step{change}; step "
-            f"{fix['step_s']['before'] * 1e3:.1f} → {fix['step_s']['after'] * 1e3:.1f} ms"
+            f"fix {i} {_sets(tried['overrides'], ', ')}: {part} {was:.0%} → {now:.0%} of the step"
+            f"{change}; step {fix['before']['step_s'] * 1e3:.1f} → {tried['step_s'] * 1e3:.1f} ms"
         )
-        lines.append(f"keep it: {fix['command']}")
+    if fix.get("command"):
+        lines.append(f"kept fix {fix['kept'] + 1}: {fix['command']}")
     elif fix.get("note"):
         lines.append(f"fix: {fix['note']}")
-    elif report["findings"][0]["fixes"]:
-        sets = " ".join(f"--set {k}={v}" for k, v in report["findings"][0]["fixes"].items())
-        lines.append(f"safe fix (apply and re-measure with --fix): {sets}")
+    elif not fix and report["findings"][0]["fixes"]:
+        options = " | ".join(_sets(c, " ", "--set ") for c in report["findings"][0]["fixes"])
+        lines.append(f"safe fixes (--fix tries each and keeps the fastest): {options}")
     return "\n".join(lines)
+
+
+def _sets(overrides: dict[str, Any], sep: str, prefix: str = "") -> str:
+    return sep.join(f"{prefix}{k}={v}" for k, v in overrides.items())

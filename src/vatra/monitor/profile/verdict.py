@@ -30,14 +30,16 @@ COMM_SHARE = 0.30
 TINY_OPS_PER_STEP = 300
 TINY_OP_US = 20.0
 OP_FILL = 0.5
-MAX_WORKERS = 8
+MAX_WORKERS = 8  # loader worker processes a fix asks for, at most
+MAX_THREADS = 16  # prefetch threads a fix asks for, at most (threads that wait cost little)
 
 
 @dataclass
 class Finding:
     kind: str
     evidence: list[str]
-    fixes: dict[str, Any] = field(default_factory=dict)  # --set overrides: section.key → value
+    # candidate fixes, each a set of --set overrides (section.key → value); --fix tries every one
+    fixes: list[dict[str, Any]] = field(default_factory=list)
     advice: str = ""
 
 
@@ -49,7 +51,7 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
     worst = max(ranks, key=lambda r: r["shares"]["checkpoint"])
     if worst["shares"]["checkpoint"] >= CHECKPOINT_SHARE:
         every = cfg.checkpoint.every_steps
-        fixes = {"checkpoint.every_steps": every * 4} if isinstance(every, int) and every > 0 else {}
+        fixes = [{"checkpoint.every_steps": every * 4}] if isinstance(every, int) and every > 0 else []
         found.append(
             Finding(
                 "checkpoint-stall",
@@ -76,7 +78,7 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
                     [f"rank {ranks[slow]['rank']}: {own[slow] * 1e3:.1f} ms of its own work per step, "
                      f"{ratio:.1f}× the other ranks' median ({statistics.median(others) * 1e3:.1f} ms)",
                      f"the other ranks wait in collectives {statistics.median(waits):.0%} of their step"],
-                    {},
+                    [],
                     f"find what slows rank {ranks[slow]['rank']} (its host, its data shard), or let "
                     "balance.method = 'proportional' give it a smaller share of each batch",
                 )
@@ -92,7 +94,7 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
                  f"collective time hidden under compute: "
                  f"{statistics.fmean(r['comm_overlapped'] for r in ranks) * 1e3:.1f} ms of "
                  f"{statistics.fmean(r['comm_total'] for r in ranks) * 1e3:.1f} ms a window"],
-                {"dist.bucket_cap_mb": bucket / 4} if bucket > 1 else {},
+                [{"dist.bucket_cap_mb": bucket / 4}] if bucket > 1 else [],
                 "smaller buckets start the all-reduce earlier in backward (more overlap); on a slow "
                 "link, compress the gradients (comm.method = 'powersgd' or 'topk', docs/communication.md)",
             )
@@ -106,7 +108,7 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
                 "overhead-bound",
                 [f"{ops:.0f} top-level ops per step, median {op_us:.1f} µs; ops fill {fill:.0%} of "
                  "forward, backward and optimizer (the rest is Python and dispatch)"],
-                {},
+                [],
                 "fewer, larger ops: a larger train.batch_size, train.compile = true, fused optimizers",
             )
         )  # fmt: skip
@@ -124,27 +126,27 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
 
 
 def _data_bound(worst: dict[str, Any], cfg: Any, cuda: bool) -> Finding:
-    """More loader workers, deeper prefetch (and pinned memory with CUDA): enough workers that
-    loading a batch (the wait measured without them) overlaps the rest of the step."""
+    """Enough parallel reads that loading a batch (the wait measured) overlaps the rest of the
+    step: k = ⌈wait ÷ the step's other work⌉ + 1 readers. Without loader workers two candidates:
+    k prefetch threads (cheap for reads that wait) or k worker processes (for reads that compute);
+    with workers, twice as many. Pinned memory is on with CUDA already (the loader pins there)."""
     wait, step = worst["parts"]["data_wait"] / worst["steps"], worst["step_s"]
-    rest = max(step - wait, 1e-4)
-    workers = cfg.data.workers
+    k = max(2, math.ceil(wait / max(step - wait, 1e-4)) + 1)
+    workers, factor = cfg.data.workers, max(cfg.data.prefetch_factor, 4)
+    fixes: list[dict[str, Any]] = []
     if workers == 0:
-        # k workers load k batches in the time one takes: k ≥ load time / the step's other work
-        want = min(MAX_WORKERS, max(2, math.ceil(wait / rest) + 1))
-    else:
-        want = min(MAX_WORKERS, workers * 2)
-    fixes: dict[str, Any] = {}
-    if want > workers:
-        fixes["data.workers"] = want
-    if cfg.data.prefetch_factor < 4:
-        fixes["data.prefetch_factor"] = 4
+        if min(k, MAX_THREADS) > cfg.data.prefetch:
+            fixes.append({"data.prefetch": min(k, MAX_THREADS)})
+        fixes.append({"data.workers": min(k, MAX_WORKERS), "data.prefetch_factor": factor})
+    elif workers < MAX_WORKERS:
+        fixes.append({"data.workers": min(MAX_WORKERS, workers * 2), "data.prefetch_factor": factor})
     evidence = [
         f"rank {worst['rank']}: waits for data {worst['shares']['data_wait']:.0%} of the step "
         f"({wait * 1e3:.1f} ms of {step * 1e3:.1f} ms; threshold {DATA_SHARE:.0%})",
-        f"data.workers = {workers}, data.prefetch_factor = {cfg.data.prefetch_factor}",
+        f"data.workers = {workers}, data.prefetch = {cfg.data.prefetch}, "
+        f"data.prefetch_factor = {cfg.data.prefetch_factor}",
         "pinned memory: on (the loader pins batches whenever the device is CUDA)"
         if cuda
         else "pinned memory: not applicable (no CUDA device)",
     ]
-    return Finding("data-bound", evidence, fixes, "load in parallel and ahead of the step")
+    return Finding("data-bound", evidence, fixes, "read batches in parallel and ahead of the step")
