@@ -283,3 +283,24 @@ def test_a_loader_fix_changes_no_result(tmp_path: Path, fix: dict[str, int]) -> 
     losses = [json.loads(line)["loss"] for line in (tmp_path / "plain" / "metrics.jsonl").open()]
     assert [json.loads(line)["loss"] for line in (tmp_path / "fixed" / "metrics.jsonl").open()] == losses
     assert fixed.summary["final_loss"] == plain.summary["final_loss"]
+
+
+def _rank(rank: int, step_s: float, comm_s: float) -> dict[str, Any]:
+    row = _ranks(comm_exposed=comm_s / step_s)[0]
+    row.update(rank=rank, step_s=step_s)
+    return row
+
+
+@pytest.mark.parametrize(
+    ("ranks", "verdict"),
+    [
+        # rank 1 works 100 ms a step, rank 0 40 ms and waits 60 ms for it in the all-reduce
+        ([_rank(0, 0.1, 0.06), _rank(1, 0.1, 0.0)], "straggler"),
+        # a slow link: both wait ~0.9 s; rank 0's 34 ms against rank 1's 21 ms is noise beside it
+        ([_rank(0, 1.0, 0.966), _rank(1, 1.0, 0.979)], "communication-bound"),
+    ],
+)
+def test_a_straggler_is_told_from_a_slow_link(ranks: list[dict[str, Any]], verdict: str) -> None:
+    found = judge(ranks, small_config())
+    assert found[0].kind == verdict, [f.evidence for f in found]
+    assert verdict != "straggler" or found[0].evidence[0].startswith("rank 1:")

@@ -6,7 +6,8 @@ Rules, over the ranks' breakdowns (shares of the step time; thresholds in docs/p
 * ``data-bound``: the training thread waits for data ≥ 30 % of the step on some rank (the seed's
   distributed profiler found 30 % in data loading);
 * ``straggler``: one rank's own time (step minus exposed communication and data wait) is ≥ 1.3×
-  the other ranks' median while they spend ≥ 20 % of their step waiting in collectives;
+  the other ranks' median while they spend ≥ 20 % of their step waiting in collectives, and its
+  extra time is at least half of their wait (they wait for it, not for the link);
 * ``communication-bound``: the ranks spend ≥ 30 % of their step (mean) waiting in collectives;
 * ``overhead-bound``: the compute phases run ≥ 300 top-level ops per step whose median is
   < 20 µs, or their ops fill < 50 % of those phases (the rest is Python and dispatch);
@@ -26,6 +27,7 @@ CHECKPOINT_SHARE = 0.15
 DATA_SHARE = 0.30
 STRAGGLER_RATIO = 1.3
 STRAGGLER_WAIT = 0.20
+STRAGGLER_EXPLAINS = 0.5
 COMM_SHARE = 0.30
 TINY_OPS_PER_STEP = 300
 TINY_OP_US = 20.0
@@ -66,23 +68,7 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
     if worst["shares"]["data_wait"] >= DATA_SHARE:
         found.append(_data_bound(worst, cfg, cuda))
     if len(ranks) > 1:
-        own = [r["step_s"] * (1 - r["shares"]["comm_exposed"] - r["shares"]["data_wait"]) for r in ranks]
-        slow = max(range(len(ranks)), key=lambda i: own[i])
-        others = [own[i] for i in range(len(ranks)) if i != slow]
-        waits = [ranks[i]["shares"]["comm_exposed"] for i in range(len(ranks)) if i != slow]
-        ratio = own[slow] / max(statistics.median(others), 1e-9)
-        if ratio >= STRAGGLER_RATIO and statistics.median(waits) >= STRAGGLER_WAIT:
-            found.append(
-                Finding(
-                    "straggler",
-                    [f"rank {ranks[slow]['rank']}: {own[slow] * 1e3:.1f} ms of its own work per step, "
-                     f"{ratio:.1f}× the other ranks' median ({statistics.median(others) * 1e3:.1f} ms)",
-                     f"the other ranks wait in collectives {statistics.median(waits):.0%} of their step"],
-                    [],
-                    f"find what slows rank {ranks[slow]['rank']} (its host, its data shard), or let "
-                    "balance.method = 'proportional' give it a smaller share of each batch",
-                )
-            )  # fmt: skip
+        found += _straggler(ranks)
     mean_comm = statistics.fmean(share["comm_exposed"])
     if mean_comm >= COMM_SHARE and not any(f.kind == "straggler" for f in found):
         bucket = cfg.dist.bucket_cap_mb
@@ -123,6 +109,34 @@ def judge(ranks: list[dict[str, Any]], cfg: Any, cuda: bool = False) -> list[Fin
             )
         )
     return found
+
+
+def _straggler(ranks: list[dict[str, Any]]) -> list[Finding]:
+    """One rank's own work (step − exposed comm − data wait) well above the others', and the extra
+    explains at least half of what the others wait in collectives: they wait for it, not the link."""
+    own = [r["step_s"] * (1 - r["shares"]["comm_exposed"] - r["shares"]["data_wait"]) for r in ranks]
+    slow = max(range(len(ranks)), key=lambda i: own[i])
+    rest = [i for i in range(len(ranks)) if i != slow]
+    usual = statistics.median(own[i] for i in rest)
+    wait_share = statistics.median(ranks[i]["shares"]["comm_exposed"] for i in rest)
+    wait_s = statistics.median(ranks[i]["shares"]["comm_exposed"] * ranks[i]["step_s"] for i in rest)
+    ratio = own[slow] / max(usual, 1e-9)
+    explains = (own[slow] - usual) >= STRAGGLER_EXPLAINS * wait_s
+    if ratio < STRAGGLER_RATIO or wait_share < STRAGGLER_WAIT or not explains:
+        return []
+    rank = ranks[slow]["rank"]
+    return [
+        Finding(
+            "straggler",
+            [f"rank {rank}: {own[slow] * 1e3:.1f} ms of its own work per step, {ratio:.1f}× the other "
+             f"ranks' median ({usual * 1e3:.1f} ms)",
+             f"the other ranks wait in collectives {wait_share:.0%} of their step ({wait_s * 1e3:.1f} ms), "
+             f"{(own[slow] - usual) / max(wait_s, 1e-9):.0%} of it explained by rank {rank}'s extra work"],
+            [],
+            f"find what slows rank {rank} (its host, its data shard), or let balance.method = "
+            "'proportional' give it a smaller share of each batch",
+        )
+    ]  # fmt: skip
 
 
 def _data_bound(worst: dict[str, Any], cfg: Any, cuda: bool) -> Finding:
