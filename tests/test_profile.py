@@ -149,7 +149,7 @@ def test_bad_steps_are_one_error_line(
     assert not (tmp_path / "r").exists()  # nothing started
 
 
-@pytest.mark.slow(40)
+@pytest.mark.slow(70)
 def test_two_ranks_merge_into_one_aligned_trace_and_a_slow_rank_is_named(tmp_path: Path) -> None:
     # Prepare: rank 1 sleeps 60 ms each step (chaos.slow_rank); rank 0 waits for it in the all-reduce
     run = tmp_path / "run"
@@ -183,7 +183,7 @@ def test_two_ranks_merge_into_one_aligned_trace_and_a_slow_rank_is_named(tmp_pat
 
 @needs_netns
 @pytest.mark.xdist_group("netns")
-@pytest.mark.slow(100)
+@pytest.mark.slow(130)
 def test_a_shaped_link_is_named_communication_bound(tmp_path: Path) -> None:
     # Prepare: 2 hosts of one rank each joined by a 20 Mbit/s link; a 0.3 M-parameter model
     name = f"p{os.getpid() % 100000}"
