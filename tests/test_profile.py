@@ -92,6 +92,7 @@ def _in_process(config: Path) -> Any:
     return measure
 
 
+@pytest.mark.slow(20)  # three short runs: as written and the two candidate fixes
 def test_a_slow_loader_is_named_data_bound_and_the_fix_cuts_the_data_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,7 +105,7 @@ def test_a_slow_loader_is_named_data_bound_and_the_fix_cuts_the_data_wait(
         _in_process(config),
         cfg,
         [],
-        (11, 30),
+        (6, 15),
         tmp_path / "run",
         fix=True,
         cuda=False,
@@ -113,16 +114,19 @@ def test_a_slow_loader_is_named_data_bound_and_the_fix_cuts_the_data_wait(
     # Assert: the data wait dominates, is named, and a re-measured fix shrinks it
     rank = report["ranks"][0]
     assert report["verdict"] == "data-bound", format_report(report)
-    assert rank["steps"] == 20 and sum(rank["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert rank["steps"] == 10 and sum(rank["shares"].values()) == pytest.approx(1.0, abs=1e-6)
     assert rank["shares"]["data_wait"] > 0.5
     candidates = report["findings"][0]["fixes"]
     assert [sorted(c) for c in candidates] == [["data.prefetch"], ["data.prefetch_factor", "data.workers"]]
     assert candidates[0]["data.prefetch"] >= 2 and candidates[1]["data.prefetch_factor"] == 4
     fix = report["fix"]
     assert [t["overrides"] for t in fix["tried"]] == candidates
-    kept = fix["tried"][fix["kept"]]
-    assert kept["mean"]["data_wait"] < 0.5 * fix["before"]["mean"]["data_wait"], format_report(report)
-    assert kept["step_s"] < fix["before"]["step_s"]
+    # the kept fix (the shortest step) reduces the data-wait share; the better reader halves it
+    kept, was = fix["tried"][fix["kept"]], fix["before"]["mean"]["data_wait"]
+    assert kept["mean"]["data_wait"] < 0.8 * was and kept["step_s"] < fix["before"]["step_s"], format_report(
+        report
+    )
+    assert min(t["mean"]["data_wait"] for t in fix["tried"]) < 0.5 * was, format_report(report)
     assert fix["command"].startswith("vatra train ") and "--set data." in fix["command"]
     # the engine's own clocks agree that the wait is the data's
     engine = report["engine"]

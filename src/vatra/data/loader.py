@@ -76,7 +76,9 @@ class Batches:
 
     kind = "base"
 
-    def __init__(self, *, workers: int, prefetch_factor: int, device: torch.device, prefetch: int = 0) -> None:
+    def __init__(
+        self, *, workers: int, prefetch_factor: int, device: torch.device, prefetch: int = 0
+    ) -> None:
         self.workers = workers
         self.prefetch_factor = prefetch_factor
         self.device = device
