@@ -35,6 +35,7 @@ from vatra.monitor import (
     TensorBoardWriter,
 )
 from vatra.monitor.energy import EnergyPlugin
+from vatra.monitor.profile import TraceWindow
 from vatra.resilience import CheckpointPlugin, KillInjector, TrainingFaults
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id, read_jsonl
@@ -92,6 +93,8 @@ PLUGINS: tuple[Slot, ...] = (
         "tensorboard", lambda c: c.run.tensorboard, lambda c, rd: TensorBoardWriter(rd, every=c.run.tb_every)
     ),
     Slot("jsonl", lambda c: True, lambda c, rd: JsonlWriter(rd)),
+    # last: a profiled step's span (vatra profile) holds every other plugin's work of that step
+    Slot("profile", lambda c: bool(c.monitor.profile_steps), lambda c, rd: TraceWindow(c, rd)),
 )
 
 

@@ -13,6 +13,7 @@ from vatra.cli import model_ab as _model_ab  # noqa: F401  (registers model ab-r
 from vatra.cli import model_serve as _model_serve  # noqa: F401  (registers model serve)
 from vatra.cli import plan as _plan  # noqa: F401  (registers plan)
 from vatra.cli import predict as _predict  # noqa: F401  (registers predict and export)
+from vatra.cli import profile as _profile  # noqa: F401  (registers profile)
 from vatra.cli import report as _report  # noqa: F401  (registers report)
 from vatra.cli import spot as _spot  # noqa: F401  (registers spot simulate)
 from vatra.cli import train as _train  # noqa: F401  (registers the train and config commands)

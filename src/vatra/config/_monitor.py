@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, field_validator
 
 from vatra.config._sections import Section
 from vatra.registry import DETECTORS, POLICIES
@@ -88,6 +88,30 @@ class MonitorConfig(Section):
         10.0, ge=0.0, description="Seconds between batches of metrics sent to MLflow (0 = every step)."
     )
     report: bool = Field(True, description="Write report.html into the run folder at the end of a run.")
+    profile_steps: str = Field(
+        "",
+        description="torch.profiler window 'A:B': steps A to B (from 1, inclusive) traced on every rank "
+        "into <run>/trace-rank<r>.json, as `vatra profile` does (docs/profiling.md); '' = off.",
+    )
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        if value:
+            profile_window(value)
+        return value
+
+
+def profile_window(text: str) -> tuple[int, int]:
+    """Steps ``(A, B)`` of a window written ``A:B`` (1 ≤ A ≤ B), else ValueError saying how to fix it."""
+    first, sep, last = text.partition(":")
+    try:
+        a, b = int(first), int(last)
+    except ValueError:
+        a = b = 0
+    if not sep or a < 1 or b < a:
+        raise ValueError(f"steps {text!r}: expected A:B with 1 ≤ A ≤ B, e.g. 5:8 (steps 5 to 8)")
+    return a, b
 
 
 class HealConfig(Section):

@@ -198,6 +198,13 @@ class DataConfig(Section):
         0, ge=0, description="DataLoader worker processes per rank; 0 = load in the trainer."
     )
     prefetch_factor: int = Field(2, ge=1, description="Batches each loader worker prepares ahead.")
+    prefetch: int = Field(
+        0,
+        ge=0,
+        description="workers = 0: batches read ahead, in order, by this many background threads (for "
+        "reads that wait: a disk, a network, a sleeping decoder); with workers, each prepares at least "
+        "this many. 0 = read when needed. Healing's prefetch policy raises it as the run goes.",
+    )
     sharding: Literal["random", "contiguous", "stratified", "dirichlet", "label_skew"] = Field(
         "random", description="How training samples are split across ranks (map-style datasets)."
     )

@@ -76,11 +76,13 @@ class Batches:
 
     kind = "base"
 
-    def __init__(self, *, workers: int, prefetch_factor: int, device: torch.device) -> None:
+    def __init__(
+        self, *, workers: int, prefetch_factor: int, device: torch.device, prefetch: int = 0
+    ) -> None:
         self.workers = workers
         self.prefetch_factor = prefetch_factor
         self.device = device
-        self.depth = 0  # extra read-ahead asked for by prefetch(); 0 = the loader's own
+        self.depth = prefetch  # extra read-ahead (data.prefetch, then prefetch()); 0 = the loader's own
         # Without workers on the CPU a DataLoader adds only its per-batch bookkeeping (~50 us here):
         # batches are then read in this process directly, in the same order.
         self.in_process = workers == 0 and device.type == "cpu"

@@ -46,6 +46,7 @@ def train_batches(
         "workers": cfg.data.workers,
         "prefetch_factor": cfg.data.prefetch_factor,
         "device": device,
+        "prefetch": cfg.data.prefetch,
     }
     balanced = cfg.balance.method != "off"
     if balanced and isinstance(data, IterableDataset):

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from vatra.engine.phases import phase
+
 if TYPE_CHECKING:
     from vatra.engine.trainer import Trainer
 
@@ -57,7 +59,8 @@ def micro_steps(trainer: Trainer, accum: int, module: nn.Module) -> StepWork:
     data_time = fwd_bwd_time = 0.0
     for micro in range(accum):
         td = time.perf_counter()
-        inputs, target = trainer.next_batch()
+        with phase("data_wait"):
+            inputs, target = trainer.next_batch()
         tf = time.perf_counter()
         data_time += tf - td
         # DDP all-reduces gradients on the last micro-batch only (no_sync before it).

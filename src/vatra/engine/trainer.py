@@ -25,6 +25,7 @@ from vatra.engine.contract import check_inputs, check_loss_shapes
 from vatra.engine.dist import DistContext
 from vatra.engine.objective import Objective, as_loss_module, call_model, rank_seed, seed_everything
 from vatra.engine.optim import build_optimizer, build_scheduler
+from vatra.engine.phases import phase
 from vatra.engine.state import TrainState
 from vatra.engine.steps import MicroSteps, PlainSteps
 from vatra.errors import ConfigError
@@ -271,8 +272,9 @@ class Trainer:
         state.extras["amp_overflow"] = overflow
         self.plugins.after_backward(self)
         if not state.skip_update:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            with phase("optimizer"):
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         self.scheduler.step()
         state.step += 1
         self.plugins.after_update(self)
@@ -341,7 +343,7 @@ class Trainer:
         first, self._first_batch = self._first_batch, False
         if first:
             check_inputs(self.model, inputs)
-        with self._autocast():
+        with self._autocast(), phase("forward"):
             if self.trainable is self.model:
                 output = call_model(module, inputs)
                 if first and self._user_loss:
@@ -349,7 +351,8 @@ class Trainer:
                 loss = self.loss(output, target)
             else:
                 loss = module(inputs, target)  # Objective: the loss's own parameters train too
-        self.scaler.scale(loss * scale if scale != 1.0 else loss).backward()
+        with phase("backward"):
+            self.scaler.scale(loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
 
     @property

@@ -238,12 +238,12 @@ class Cluster:
     def host_command(
         self, host: Host, argv: list[str], run_id: str, private: list[Path] | None = None
     ) -> list[str]:
-        """``argv`` for one host: ``vatra train`` and ``vatra run`` get the multi-node flags they do not
-        already have (before a script's ``--``); with ``private``, it runs where those folders are this
-        host's own copies."""
+        """``argv`` for one host: ``vatra train``, ``vatra run`` and ``vatra profile`` get the multi-node
+        flags they do not already have (before a script's ``--``); with ``private``, it runs where
+        those folders are this host's own copies."""
         if argv[:1] == ["vatra"]:
             argv = [sys.executable, "-m", "vatra", *argv[1:]]
-        if argv[1:4] in (["-m", "vatra", "train"], ["-m", "vatra", "run"]):
+        if argv[1:4] in (["-m", "vatra", "train"], ["-m", "vatra", "run"], ["-m", "vatra", "profile"]):
             cut = argv.index("--") if "--" in argv else len(argv)
             given = set(argv[:cut])
             flags = {

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
+from vatra.engine.phases import phase
 from vatra.resilience import recovery, snapshot
 from vatra.resilience.chaos import CheckpointCorruptor
 from vatra.resilience.checkpoint.loader import VersionLoader
@@ -131,7 +132,8 @@ class CheckpointPlugin(Plugin):
             trainer.state.should_stop = True
             return
         if self.next_save and step >= self.next_save:
-            self.save(trainer, reason="periodic", metrics=metrics)
+            with phase("checkpoint"):
+                self.save(trainer, reason="periodic", metrics=metrics)
             self.next_save = self._next_save_step(trainer)
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:

@@ -30,7 +30,8 @@ class Prefetch(Policy):
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
-        self.depth = 0  # batches read ahead beyond the loader's default
+        self.base = cfg.data.prefetch  # the configured read-ahead: raised from, returned to
+        self.depth = self.base  # batches read ahead beyond the loader's default
         self.waited = False  # the previous window was data-bound
 
     def on_step_end(self, trainer: Trainer, verdict: Verdict | None) -> Action | None:
@@ -55,6 +56,6 @@ class Prefetch(Policy):
         trainer.batches.prefetch(self.depth)
 
     def close(self, trainer: Trainer) -> None:
-        if self.depth:
-            self.depth = 0
-            trainer.batches.prefetch(0)
+        if self.depth != self.base:
+            self.depth = self.base
+            trainer.batches.prefetch(self.base)
