@@ -22,6 +22,7 @@ from vatra.launch.elastic import preemption_agent
 from vatra.launch.forked import cap_threads
 from vatra.launch.forked import start as start_forkserver
 from vatra.launch.forked import stop as stop_forkserver
+from vatra.launch.ledger import launch_record
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
 
@@ -150,17 +151,20 @@ def launch(
     errors = tempfile.mkdtemp(prefix="vatra-errors-")
     before = os.environ.get(ERRORS_ENV)
     os.environ[ERRORS_ENV] = errors
+    # node 0 alone keeps the launch ledger: a shared run folder counts the job's wall time once
+    ledger = run_dir if rank_offset == 0 else None
     try:
-        if forked is not None:
-            entry, preload = forked
-            start_forkserver(preload, spec.nproc)  # unless already running
-            config.start_method = "forkserver"
-            try:
-                _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
-            finally:
-                stop_forkserver()
-        else:
-            _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
+        with launch_record(ledger, nproc=spec.nproc, max_restarts=spec.max_restarts):
+            if forked is not None:
+                entry, preload = forked
+                start_forkserver(preload, spec.nproc)  # unless already running
+                config.start_method = "forkserver"
+                try:
+                    _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
+                finally:
+                    stop_forkserver()
+            else:
+                _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
     finally:
         if before is None:
             os.environ.pop(ERRORS_ENV, None)
@@ -173,7 +177,7 @@ def _launch(
     config: LaunchConfig, entry: Any, args: tuple[Any, ...], run_dir: RunDir | None, rank_offset: int
 ) -> None:
     try:
-        with record_worker_failures(run_dir, rank_offset), preemption_agent():
+        with record_worker_failures(run_dir, rank_offset, config.max_restarts), preemption_agent():
             elastic_launch(config, entry)(*args)
     except SignalException as err:  # told to stop (a spot machine's SIGTERM), or its workers' notice
         said = run_dir.take_errors() if run_dir is not None else []
