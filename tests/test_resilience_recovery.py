@@ -55,7 +55,7 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     for figures in (summary, clean):
         p = figures["ettr_parts"]
         assert sum(v for k, v in p.items() if k != "wall") == pytest.approx(p["wall"])
-        assert 0 < figures["ettr"] == pytest.approx(p["productive"] / p["wall"]) < 1
+        assert figures["ettr"] == pytest.approx(p["productive"] / p["wall"]) and 0 < figures["ettr"] < 1
     (failed,) = events(run, "worker_failed")
     assert failed["cause"]["kind"] == "dead_node"
     # logs of the dead attempt are kept; lines after the resume carry attempt = 1

@@ -18,7 +18,7 @@ preemption         0.9         SIGTERM (exit 143, or the launcher's own SIGTERM)
                                notice, or the workers' "SIGTERM at step ..." line
 nan                0.85        the error or a healing action says non-finite, or the last
                                steps' loss or gradient norm is NaN/inf; 0.7 for a loss spike
-                               (divergence) that healing rolled back
+                               (divergence) that healing rolled back or the detectors alarmed on
 comm_timeout       0.85        a collective's error says it timed out (gloo, NCCL watchdog,
                                the store's wait, ``DistBackendError`` ... timeout)
 data_error         0.8         the error is raised by the data path: a decoding or file-format
@@ -30,14 +30,14 @@ user_error         0.75        a Python exception raised in the user's own code 
                                or a config error (exit code 2)
 dead_node          0.6         a rank killed by SIGKILL (or SIGSEGV, SIGBUS, ...) without an
                                error of its own and with memory to spare; 0.5 for a rank that
-                               only lost a peer (the dead one's cause is the one to read);
-                               0.85 for a storage node whose folder is gone
+                               only lost a peer (the dead one's cause is the one to read)
 unknown            0.2         nothing above fits
 =================  ==========  ===============================================================
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -212,6 +212,12 @@ def _nan(ev: Evidence) -> tuple[float, list[str]] | None:
     if heals:
         e = heals[0]
         return 0.7, [f"healing: {e.get('action')} ({e.get('reason')}) at step {e.get('step')}"]
+    for e in (e for e in ev.events if e.get("event") == "anomaly"):
+        values = json.dumps(e.get("values"), default=str)
+        streams = ", ".join(map(str, e.get("streams") or [])) or "the training streams"
+        if re.search(r"NaN|Infinity|\bnan\b|\binf\b", values):
+            return 0.85, [f"anomaly on {streams} at step {e.get('step')}: non-finite values"]
+        return 0.7, [f"anomaly on {streams} at step {e.get('step')} (detectors {e.get('detectors')})"]
     return None
 
 
@@ -249,9 +255,6 @@ def _user(ev: Evidence) -> tuple[float, list[str]] | None:
 
 
 def _dead(ev: Evidence) -> tuple[float, list[str]] | None:
-    lost = [e for e in ev.events if e.get("event") == "store_node_lost"]
-    if lost:
-        return 0.85, [f"storage node {lost[0].get('node')} is gone"]
     if ev.signal in _FATAL_SIGNALS and not ev.error:
         said = [f"rank {ev.rank} killed by {ev.signal}, no error of its own"]
         if ev.mem_available_frac is not None:
@@ -301,3 +304,19 @@ def line(cause: dict[str, Any], rank: int | None = None) -> str:
     said = "; ".join(cause.get("evidence") or []) or "no evidence"
     words = WORDS.get(cause["kind"], cause["kind"])
     return f"cause: {words}{where} (confidence {cause['confidence']:.2g}): {said} → {cause['action']}"
+
+
+def event_cause(kind: str, fields: dict[str, Any], action: str | None = None) -> dict[str, Any]:
+    """The cause of an anomaly event (a healing action, a corrupt checkpoint), from the event itself."""
+    return classify(Evidence(events=[{"event": kind, **fields}]), action)
+
+
+def diagnosis(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run's verdict: the most confident cause among its events (the earliest on a tie), with the
+    event it came from; None when no event carries one."""
+    best: dict[str, Any] | None = None
+    for e in events:
+        cause = e.get("cause")
+        if isinstance(cause, dict) and (best is None or cause["confidence"] > best["confidence"]):
+            best = {**cause, "event": e.get("event"), "rank": e.get("rank"), "step": e.get("step")}
+    return best
