@@ -8,6 +8,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from vatra.launch.elastic import preemption_agent
 from vatra.launch.forked import cap_threads
 from vatra.launch.forked import start as start_forkserver
 from vatra.launch.forked import stop as stop_forkserver
+from vatra.launch.incidents import host_name, record_launch, review
 from vatra.launch.ledger import launch_record
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
@@ -153,6 +155,9 @@ def launch(
     os.environ[ERRORS_ENV] = errors
     # node 0 alone keeps the launch ledger: a shared run folder counts the job's wall time once
     ledger = run_dir if rank_offset == 0 else None
+    host, began = host_name(spec.local_addr), time.time()
+    for decision in review([host]):  # this host's incident history (launch.incidents)
+        print(f"vatra: {decision.line()}", flush=True)
     try:
         with launch_record(ledger, nproc=spec.nproc, max_restarts=spec.max_restarts):
             if forked is not None:
@@ -166,6 +171,8 @@ def launch(
             else:
                 _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
     finally:
+        if run_dir is not None:
+            record_launch(run_dir.path, host, began)
         if before is None:
             os.environ.pop(ERRORS_ENV, None)
         else:
