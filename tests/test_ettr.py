@@ -13,6 +13,7 @@ import vatra
 from vatra.engine import Plugin, Trainer
 from vatra.launch.ledger import launch_record
 from vatra.monitor.ettr import PARTS, ettr_of_run
+from vatra.monitor.report import write_report
 from vatra.rundir import RunDir, read_jsonl
 
 STEPS = ["train", "steps"]
@@ -62,6 +63,10 @@ def test_a_failed_launch_and_its_rerun_cost_the_run_its_ettr_and_the_parts_add_u
     (failure,) = [e for e in read_jsonl(tmp_path / "hit" / "events.jsonl") if e["event"] == "failure"]
     assert failure["cause"]["kind"] == "user_error"
     assert any("test_ettr.py" in x for x in failure["cause"]["evidence"])
+    # the report tells both: the cause, and where the wall time went
+    page = write_report(tmp_path / "hit").read_text()
+    assert "Most likely cause: <b>user code error</b>" in page
+    assert f"ETTR <b>{hit['ettr']:.3f}</b>" in page and "<th>recomputed</th>" in page
 
 
 def test_ettr_of_a_folder_by_hand(tmp_path: Path) -> None:

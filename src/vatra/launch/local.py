@@ -25,6 +25,7 @@ from vatra.launch.forked import start as start_forkserver
 from vatra.launch.forked import stop as stop_forkserver
 from vatra.launch.incidents import host_name, record_launch, review
 from vatra.launch.ledger import launch_record
+from vatra.monitor.rca import Evidence, classify, line
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
 
@@ -188,6 +189,9 @@ def _launch(
             elastic_launch(config, entry)(*args)
     except SignalException as err:  # told to stop (a spot machine's SIGTERM), or its workers' notice
         said = run_dir.take_errors() if run_dir is not None else []
+        words = said[0]["message"] if said else f"stopped by {err.sigval.name}"
+        cause = classify(Evidence(signal=err.sigval.name, exit_code=128 + int(err.sigval), error=words))
+        print(f"vatra: {line(cause)}", flush=True)  # root-cause analysis (the workers' failure events)
         if said:  # the workers' own account: "SIGTERM at step N: saved checkpoint ..."
             raise WorkerFailure(said[0]["message"], int(said[0]["exit_code"])) from None
         raise WorkerFailure(f"stopped by {err.sigval.name}", 128 + int(err.sigval)) from None
