@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -134,3 +135,37 @@ def test_live_needs_two_groups(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert code == 2 and err.strip().splitlines()[-1].startswith(
         "error: resilience.live = true needs at least 2"
     )
+
+
+def test_a_group_reads_its_shards_batches_of_the_step_whatever_came_before() -> None:
+    import numpy as np
+
+    from vatra.data import ShardSampler
+    from vatra.live.sync import seek
+
+    # Prepare: a group's sampler over its shard of 50 samples, 2 micro-batches of 8 a step
+    def group(step: int) -> SimpleNamespace:
+        sampler = ShardSampler(np.arange(100, 150), 8, seed=3)
+        return SimpleNamespace(
+            sampler=sampler,
+            state=SimpleNamespace(step=step),
+            cfg=SimpleNamespace(train=SimpleNamespace(grad_accum=2)),
+        )
+
+    reference = group(0)
+    batches = [reference.sampler.next_batch() for _ in range(20)]  # steps 0-9, no fault
+    # Execute: a step tried again after it read its batches; a group that healed to step 7
+    retried = group(3)
+    seek(retried, 1)  # type: ignore[arg-type]
+    first = [retried.sampler.next_batch() for _ in range(2)]
+    seek(retried, 1)  # type: ignore[arg-type]
+    again = [retried.sampler.next_batch() for _ in range(2)]
+    healed = group(7)
+    seek(healed, 1)  # type: ignore[arg-type]
+    # Assert: the step's own batches each time (none lost or repeated), across an epoch boundary
+    assert all(np.array_equal(a, b) for a, b in zip(first + again, batches[6:8] * 2, strict=True))
+    assert np.array_equal(healed.sampler.next_batch(), batches[14])
+    assert (healed.sampler.epoch, healed.sampler.position) == (
+        2,
+        20,
+    )  # 14 batches of 8 = 112 = 2·50 + 12, then 8 more

@@ -31,6 +31,8 @@ from vatra.config import Config
 from vatra.errors import ConfigError
 from vatra.launch import WorkerFailure
 from vatra.launch.forked import cap_threads
+from vatra.launch.ledger import launch_record
+from vatra.monitor.rca import Evidence, classify
 from vatra.resilience.recovery import read_progress, signal_name
 from vatra.rundir import ERRORS_ENV, RunDir
 
@@ -83,7 +85,8 @@ def launch_live(cfg: Config, rd: RunDir, groups: int, nnodes: str = "1") -> None
     before = os.environ.get(ERRORS_ENV)
     os.environ[ERRORS_ENV] = errors
     try:
-        Supervisor(cfg, rd, groups, address).run()
+        with launch_record(rd, nproc=groups, live=True):  # launch_start/_end: the run's ETTR
+            Supervisor(cfg, rd, groups, address).run()
     finally:
         server.shutdown()
         if before is None:
@@ -162,6 +165,9 @@ class Supervisor:
             return
         said = self.rd.take_errors()
         progress = read_progress(self.rd.path, group) or {}
+        evidence = Evidence(
+            rank=group, exit_code=code, signal=signal_name(code), error=said[0]["message"] if said else ""
+        )
         self.rd.log_event(
             "worker_failed",
             rank=group,
@@ -173,6 +179,7 @@ class Supervisor:
             last_step_time=progress.get("time"),
             attempt=self.attempts[group],
             source="live launcher",
+            cause=classify(evidence, "the group restarts and heals from a live peer; the others go on"),
         )
         how = said[0]["message"] if said else f"group {group} exit code {code}"
         if said and int(said[0]["exit_code"]) == 2:  # a config error: the same on every restart
@@ -189,6 +196,11 @@ class Supervisor:
                 "are used up",
                 1,
             )
+        print(
+            f"vatra: group {group} died ({signal_name(code) or f'exit code {code}'}) after step "
+            f"{progress.get('step', 0)}; restarting it while the others train on",
+            flush=True,
+        )
         self.restarts += 1
         self.attempts[group] += 1
         self.start(group, resume=not self.procs)  # no live peer: from the checkpoint

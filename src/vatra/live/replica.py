@@ -55,9 +55,10 @@ def main(environ: dict[str, str], argv: list[str]) -> None:
     from vatra.launch.forked import adopt
 
     adopt(environ)
-    # torchft warns once per quorum that it cannot reset NCCL's flight recorder (gloo has none), and
-    # torch that a received state's buffer is read-only (it is loaded into the model by copy)
-    logging.getLogger("torchft").setLevel(logging.ERROR)
+    # torchft warns once per quorum that it cannot reset NCCL's flight recorder (gloo has none) and
+    # logs a traceback per collective a dead peer broke (the launcher prints one line per death);
+    # torch warns that a received state's buffer is read-only (it is loaded into the model by copy)
+    logging.getLogger("torchft").setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="The given buffer is not writable")
     config, run_dir, group, groups, lighthouse, attempt = argv
     try:

@@ -66,6 +66,7 @@ class LiveSync(Plugin):
         self.attempt_start = 0.0  # perf_counter at the start of the current try of a step
         self.previous = 0  # groups in the quorum before the latest change
         self.committed = False  # whether this process has committed a step
+        self.stall_s = 0.0  # the current step's stall, for its metrics line
 
     # ------------------------------------------------------------ lifecycle
     def micro_steps(self, trainer: Trainer) -> LiveSteps:
@@ -111,6 +112,10 @@ class LiveSync(Plugin):
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         metrics["replicas"] = self.participants
+        if self.stall_s:  # waiting for the quorum to change is not training: ETTR counts it apart
+            metrics["live_stall_s"] = self.stall_s
+            metrics["step_time_s"] = max(0.0, float(metrics["step_time_s"]) - self.stall_s)
+            self.stall_s = 0.0
         if self.progress is not None:
             self.progress.update(trainer.state.step)
 
@@ -165,6 +170,7 @@ class LiveSync(Plugin):
         self.samples_skipped += missed * t.cfg.train.batch_size * t.cfg.train.grad_accum
         if self.attempt == 0:  # the groups' first quorum makes them agree: no recovery
             return
+        print(f"vatra: group {self.group} healed from a live peer at step {t.state.step}", flush=True)
         t.log_event(
             "recovered",
             group=self.group,
@@ -215,7 +221,7 @@ class LiveSync(Plugin):
                 previous=self.previous,
                 stall_s=round(stall, 3),
             )
-            self.stall_from, self.stall_cause = None, ""
+            self.stall_from, self.stall_cause, self.stall_s = None, "", stall
         else:
             self.step_times = [*self.step_times[-49:], step_time]
 
