@@ -156,12 +156,12 @@ def test_a_group_reads_its_shards_batches_of_the_step_whatever_came_before() -> 
     batches = [reference.sampler.next_batch() for _ in range(20)]  # steps 0-9, no fault
     # Execute: a step tried again after it read its batches; a group that healed to step 7
     retried = group(3)
-    seek(retried, 1)  # type: ignore[arg-type]
+    seek(retried)  # type: ignore[arg-type]
     first = [retried.sampler.next_batch() for _ in range(2)]
-    seek(retried, 1)  # type: ignore[arg-type]
+    seek(retried)  # type: ignore[arg-type]
     again = [retried.sampler.next_batch() for _ in range(2)]
     healed = group(7)
-    seek(healed, 1)  # type: ignore[arg-type]
+    seek(healed)  # type: ignore[arg-type]
     # Assert: the step's own batches each time (none lost or repeated), across an epoch boundary
     assert all(np.array_equal(a, b) for a, b in zip(first + again, batches[6:8] * 2, strict=True))
     assert np.array_equal(healed.sampler.next_batch(), batches[14])

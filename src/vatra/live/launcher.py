@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vatra._extras import check
-from vatra.config import Config
+from vatra.config import Config, dump_toml
 from vatra.errors import ConfigError
 from vatra.launch import WorkerFailure
 from vatra.launch.forked import cap_threads
@@ -107,6 +107,7 @@ class Supervisor:
         self.finished: set[int] = set()
         self.restarts = 0
         self.stop_signal: int | None = None
+        self.heal_written = False
 
     def start(self, group: int, *, resume: bool) -> None:
         from vatra.live.replica import main
@@ -126,13 +127,12 @@ class Supervisor:
         """The run's config without checkpoint resume: a group restarted beside live peers takes
         their state, not an older checkpoint's (which would count steps as lost that are not)."""
         path = self.rd.path / ".live" / "heal.toml"
-        if not path.exists():
-            from vatra.config import dump_toml
-
+        if not self.heal_written:  # once per launch: a rerun may have changed the config
             healing = self.cfg.model_copy(deep=True)
             healing.checkpoint.resume = False
             path.parent.mkdir(exist_ok=True)
             path.write_text(dump_toml(healing))
+            self.heal_written = True
         return path
 
     def run(self) -> None:

@@ -39,8 +39,11 @@ if TYPE_CHECKING:
     from vatra.engine.trainer import Trainer
 
 
+MAX_TRIES = 1000  # tries of one step before the group gives up (at least 100 s of quorum ticks)
+
+
 class LiveFailure(VatraError):
-    """The quorum cannot go on (fewer than live_min_replicas groups for live_timeout_s)."""
+    """One step cannot commit: every try's collectives fail."""
 
 
 class LiveSync(Plugin):
@@ -196,7 +199,7 @@ class LiveSync(Plugin):
             self.stall_cause = self.stall_cause or ("peer_lost" if now < self.participants else "peer_joined")
             self.stall_from = self.stall_from or self.attempt_start
         self.previous, self.participants = self.participants, now
-        seek(t, self.group)
+        seek(t)
 
     def end(self, committed: bool, step_time: float) -> None:
         """After ``should_commit``: log the survivors' stall once a step commits again (the wait
@@ -236,7 +239,7 @@ class LiveSteps:
         return trainer.module
 
     def run(self, trainer: Trainer, accum: int) -> StepWork:
-        sync = self.sync
+        sync, tries = self.sync, 0
         while True:
             sync.attempt_start = time.perf_counter()
             sync.begin()
@@ -257,11 +260,15 @@ class LiveSteps:
                 sync.end(True, time.perf_counter() - sync.attempt_start)
                 return work
             sync.end(False, 0.0)
-            if sync.retries > 1000:
-                raise LiveFailure("1000 steps in a row failed to commit: the replica groups cannot agree")
+            tries += 1
+            if tries >= MAX_TRIES:
+                raise LiveFailure(
+                    f"step {trainer.state.step + 1} failed to commit {tries} times in a row (every try's "
+                    "collectives failed); see events.jsonl for the groups that died"
+                )
 
 
-def seek(trainer: Trainer, group: int) -> None:
+def seek(trainer: Trainer) -> None:
     """Put this group's sampler where step ``trainer.state.step`` starts in its shard (a no-op in the
     usual case, where it is already there); other samplers (streams) read on."""
     sampler = trainer.sampler
