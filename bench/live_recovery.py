@@ -75,6 +75,21 @@ def _progress(run_dir: Path, rank: int) -> dict[str, Any] | None:
         return None
 
 
+def stall(history: list[tuple[float, int]], start: float, end: float, usual: float) -> float:
+    """Rank 0's stall after a fault at ``start``: its longest wait for a next step before ``end``,
+    less one usual step, plus the steps it then did again (a restart resumes from a checkpoint)."""
+    before = [s for t, s in history if t <= start]
+    after = [(t, s) for t, s in history if start < t <= end]
+    if not before or not after:
+        return 0.0
+    points = [(start, before[-1]), *after]
+    gaps = [(points[i + 1][0] - points[i][0], i) for i in range(len(points) - 1)]
+    gap, at = max(gaps)
+    peak = max(s for _, s in points[: at + 1])
+    redone = max(0, peak - points[at + 1][1] + 1)  # steps from the resume back up to the peak
+    return round(max(0.0, gap - usual) + redone * usual, 3)
+
+
 def run_arm(arm: str, folder: Path, steps: int, step_ms: float, heartbeat_ms: int) -> dict[str, Any]:
     """One run with its faults; relaunched while it stops for a SIGTERM (at most 5 launches)."""
     cfg, run_dir = folder / f"{arm}.toml", folder / arm
@@ -123,6 +138,7 @@ def run_arm(arm: str, folder: Path, steps: int, step_ms: float, heartbeat_ms: in
     ends = [(f["time"], f["step"]) for f in faults[1:]] + [history[-1]]
     for fault, (t_end, s_end) in zip(faults, ends, strict=True):
         fault["lost_s"] = round(t_end - fault["time"] - (s_end - fault["step"]) * usual, 3)
+        fault["stall_s"] = stall(history, fault["time"], t_end, usual)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     ettr = ettr_of_run(run_dir)
     parts = ettr["ettr_parts"]
@@ -141,6 +157,7 @@ def run_arm(arm: str, folder: Path, steps: int, step_ms: float, heartbeat_ms: in
         ],
         "heals": [e for e in events if e["event"] == "recovered"],
         "steps": max(m["step"] for m in metrics),
+        "history": history,
     }
 
 
@@ -186,9 +203,18 @@ def main() -> None:
     )
     print()
     print_table(
-        ["fault", *(f"{a['arm']}: time lost s" for a in arms)],
+        ["fault", *(f"{a['arm']}: {what}" for a in arms for what in ("stall s", "time lost s"))],
         [
-            [kind, *(next((f["lost_s"] for f in a["faults"] if f["kind"] == kind), None) for a in arms)]
+            [
+                kind,
+                *(
+                    f[k]
+                    for a in arms
+                    for f in a["faults"]
+                    if f["kind"] == kind
+                    for k in ("stall_s", "lost_s")
+                ),
+            ]
             for kind in FAULTS
         ],
     )

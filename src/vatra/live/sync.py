@@ -195,7 +195,7 @@ class LiveSync(Plugin):
         t = self._trainer()
         self.manager.start_quorum()
         now = self.manager.num_participants()
-        if self.participants and now != self.participants:
+        if self.committed and now != self.participants:  # before the first step: start-up
             self.stall_cause = self.stall_cause or ("peer_lost" if now < self.participants else "peer_joined")
             self.stall_from = self.stall_from or self.attempt_start
         self.previous, self.participants = self.participants, now
