@@ -45,7 +45,7 @@ def _progress(run_dir: Path, group: int) -> dict[str, Any] | None:
         return None
 
 
-@pytest.mark.slow(45)
+@pytest.mark.slow(50)
 def test_a_killed_group_heals_from_the_survivor_which_keeps_its_process(tmp_path: Path) -> None:
     # Prepare: two replica groups of one process each
     config, run_dir = tmp_path / "live.toml", tmp_path / "run"
@@ -169,3 +169,21 @@ def test_a_group_reads_its_shards_batches_of_the_step_whatever_came_before() -> 
         2,
         20,
     )  # 14 batches of 8 = 112 = 2·50 + 12, then 8 more
+
+
+def test_live_without_torchft_names_the_extra(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else found(name, *a)
+    )
+    config = tmp_path / "live.toml"
+    config.write_text(tomli_w.dumps(LIVE))
+    code, _, err = vatra_in_process(capsys, "train", str(config), "--run-dir", str(tmp_path / "r"))
+    assert code == 2 and err.strip().splitlines() == [
+        "error: resilience.live = true needs the package 'torchft', which is not installed: "
+        "pip install 'vatra[ft]'"
+    ]
