@@ -313,7 +313,15 @@ def event_cause(kind: str, fields: dict[str, Any], action: str | None = None) ->
 
 # A run's verdict weighs what stopped or restarted it above what bent its training (NaN, a loss spike)
 # above what only slowed it (a straggler): a busy machine's slow rank is real, but not why a rank died.
-TIERS = {"failure": 0, "worker_failed": 0, "checkpoint_corrupt": 0, "heal": 1, "anomaly": 1, "straggler": 2}
+TIERS = {
+    "failure": 0,
+    "worker_failed": 0,
+    "checkpoint_corrupt": 0,
+    "launch_end": 0,
+    "heal": 1,
+    "anomaly": 1,
+    "straggler": 2,
+}
 
 
 def diagnosis(events: list[dict[str, Any]]) -> dict[str, Any] | None:
