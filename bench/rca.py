@@ -15,7 +15,7 @@ preemption or a freed disk), 2 per kind by default. For each run:
 
 Accuracy per kind is the share of runs whose verdict is the expected cause (docs/root-cause.md).
 
-    .venv/bin/python bench/rca.py [--runs-per-kind 2] [--kinds kill9,sigterm,...] [--seed 0]
+    .venv/bin/python bench/rca.py [--runs-per-kind 2] [--kinds kill9,sigterm,...] [--seed 0] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def one_run(setup: fc.Setup, fault: fc.Fault) -> dict[str, Any]:
         for e in events
         if isinstance(e.get("cause"), dict) and e["cause"]["kind"] == expected and "time" in e
     ]
-    later = [t - fault_time for t in named if fault_time is not None and t >= fault_time - 1.0]
+    later = [t - fault_time for t in named if fault_time is not None and t >= fault_time]
     return {
         "kind": fault.kind,
         "step": fault.step,
@@ -117,7 +117,7 @@ def one_run(setup: fc.Setup, fault: fc.Fault) -> dict[str, Any]:
         "confidence": verdict["confidence"] if verdict else 0.0,
         "correct": bool(verdict) and verdict["kind"] == expected,
         "baseline": baseline(events, launches),
-        "time_to_cause_s": max(0.0, later[0]) if later else None,
+        "time_to_cause_s": later[0] if later else None,
         "exit_codes": [a.rc for a in launches.attempts],
     }
 
@@ -128,12 +128,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default=",".join(fc.KINDS))
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--keep", type=Path, default=None, help="Keep the run folders here (default: removed).")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if "disk_full" in kinds and (why := F.can_mount()) is not None:
         print(f"skipping disk_full: {why}")
         kinds.remove("disk_full")
-    work = Path(tempfile.mkdtemp(prefix="vatra-rca-"))
+    work = args.keep or Path(tempfile.mkdtemp(prefix="vatra-rca-"))
+    work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
         setup = fc.Setup(F.ROOT / "examples" / "digits.toml", [], 2, 2, args.timeout, work)
@@ -148,9 +150,11 @@ def main() -> None:
                 f"time to cause {record['time_to_cause_s']}",
                 flush=True,
             )
-            shutil.rmtree(work / fault.name, ignore_errors=True)
+            if args.keep is None:
+                shutil.rmtree(work / fault.name, ignore_errors=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
     rows = []
     for kind in kinds:
         mine = [r for r in records if r["kind"] == kind]

@@ -15,7 +15,8 @@ oom                0.9         the error is an out-of-memory one (``torch.OutOfM
 corrupt_checkpoint 0.95        a ``checkpoint_corrupt`` event, or the error names a checksum /
                                manifest / checkpoint that does not read back
 preemption         0.9         SIGTERM (exit 143, or the launcher's own SIGTERM), a preemption
-                               notice, or the workers' "SIGTERM at step ..." line
+                               notice, or the workers' "SIGTERM at step ..." line; 0.6 for a
+                               ``KeyboardInterrupt`` (stopped from outside)
 nan                0.85        the error or a healing action says non-finite, or the last
                                steps' loss or gradient norm is NaN/inf; 0.7 for a loss spike
                                (divergence) that healing rolled back or the detectors alarmed on
@@ -189,6 +190,8 @@ def _preemption(ev: Evidence) -> tuple[float, list[str]] | None:
         return 0.9, [f"stopped by SIGTERM (exit code {ev.exit_code})"]
     if _PREEMPT.search(ev.error):
         return 0.85, [f"error: {_quote(ev.error, _PREEMPT)}"]
+    if ev.error.startswith("KeyboardInterrupt"):  # SIGINT, or the agent passing on a stop
+        return 0.6, ["interrupted from outside (KeyboardInterrupt): an operator or a stop signal"]
     return None
 
 
