@@ -272,6 +272,7 @@ def test_every_injected_fault_kind_is_classified_as_its_cause(tmp_path: Path) ->
         ("OSError: [Errno 28] No space left on device", "disk_full"),
         ("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.", "data_error"),
         ("StoreError: versions/s0000010-a0.json: sha256 mismatch", "corrupt_checkpoint"),
+        ("KeyboardInterrupt: ", "preemption"),  # what the campaign's SIGTERMed workers raised
     ],
 )
 def test_library_error_texts_name_their_cause(error: str, kind: str) -> None:

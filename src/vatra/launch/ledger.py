@@ -21,6 +21,7 @@ import psutil
 
 from vatra.errors import VatraError
 from vatra.monitor.ettr import ettr_of_run
+from vatra.monitor.rca import Evidence, classify
 from vatra.rundir import RunDir
 
 
@@ -56,5 +57,9 @@ def launch_record(run_dir: RunDir | None, *, started: float | None = None, **fie
         ok = True
     finally:
         error = sys.exc_info()[1]
-        _note(run_dir, "launch_end", ok=ok, error=None if error is None else str(error)[:300])
+        end: dict[str, Any] = {"ok": ok, "error": None if error is None else str(error)[:300]}
+        if error is not None:  # why the launch stopped, as its own error says (a preemption's SIGTERM)
+            code = getattr(error, "exit_code", None)
+            end["cause"] = classify(Evidence(error=str(error), exit_code=code if code != 1 else None))
+        _note(run_dir, "launch_end", **end)
         update_summary_ettr(run_dir)

@@ -15,7 +15,8 @@ oom                0.9         the error is an out-of-memory one (``torch.OutOfM
 corrupt_checkpoint 0.95        a ``checkpoint_corrupt`` event, or the error names a checksum /
                                manifest / checkpoint that does not read back
 preemption         0.9         SIGTERM (exit 143, or the launcher's own SIGTERM), a preemption
-                               notice, or the workers' "SIGTERM at step ..." line
+                               notice, or the workers' "SIGTERM at step ..." line; 0.6 for a
+                               ``KeyboardInterrupt`` (stopped from outside)
 nan                0.85        the error or a healing action says non-finite, or the last
                                steps' loss or gradient norm is NaN/inf; 0.7 for a loss spike
                                (divergence) that healing rolled back or the detectors alarmed on
@@ -24,7 +25,7 @@ comm_timeout       0.85        a collective's error says it timed out (gloo, NCC
 data_error         0.8         the error is raised by the data path: a decoding or file-format
                                error, or a traceback through a dataset / DataLoader frame
 slow_node          ratio-based the collective-wait straggler detector's evidence (see
-                               :mod:`vatra.monitor.straggler`): min(0.95, 0.5 + (ratio − 1)/4)
+                               :mod:`vatra.monitor.straggler`): min(0.9, 0.5 + (ratio − 1)/4)
 user_error         0.75        a Python exception raised in the user's own code (the
                                innermost frame outside vatra, torch and the standard library),
                                or a config error (exit code 2)
@@ -189,6 +190,8 @@ def _preemption(ev: Evidence) -> tuple[float, list[str]] | None:
         return 0.9, [f"stopped by SIGTERM (exit code {ev.exit_code})"]
     if _PREEMPT.search(ev.error):
         return 0.85, [f"error: {_quote(ev.error, _PREEMPT)}"]
+    if ev.error.startswith("KeyboardInterrupt"):  # SIGINT, or the agent passing on a stop
+        return 0.6, ["interrupted from outside (KeyboardInterrupt): an operator or a stop signal"]
     return None
 
 
@@ -242,7 +245,7 @@ def _slow(ev: Evidence) -> tuple[float, list[str]] | None:
     if not s:
         return None
     ratio = float(s.get("ratio_to_median", 1.0))
-    return min(0.95, 0.5 + (ratio - 1.0) / 4), [str(x) for x in s.get("evidence", [])]
+    return min(0.9, 0.5 + (ratio - 1.0) / 4), [str(x) for x in s.get("evidence", [])]
 
 
 def _user(ev: Evidence) -> tuple[float, list[str]] | None:
@@ -311,12 +314,37 @@ def event_cause(kind: str, fields: dict[str, Any], action: str | None = None) ->
     return classify(Evidence(events=[{"event": kind, **fields}]), action)
 
 
+# A run's verdict weighs what stopped or restarted it above what bent its training (NaN, a loss spike)
+# above what only slowed it (a straggler): a busy machine's slow rank is real, but not why a rank died.
+TIERS = {
+    "failure": 0,
+    "worker_failed": 0,
+    "checkpoint_corrupt": 0,
+    "launch_end": 0,
+    "heal": 1,
+    "anomaly": 1,
+    "straggler": 2,
+}
+
+
 def diagnosis(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """A run's verdict: the most confident cause among its events (the earliest on a tie), with the
-    event it came from; None when no event carries one."""
+    """A run's verdict: among its events with a ``cause``, those of the highest tier (``TIERS``:
+    failures, then training anomalies, then stragglers), the most confident (the earliest on a
+    tie), with the event it came from; None when no event carries one."""
     best: dict[str, Any] | None = None
     for e in events:
         cause = e.get("cause")
-        if isinstance(cause, dict) and (best is None or cause["confidence"] > best["confidence"]):
-            best = {**cause, "event": e.get("event"), "rank": e.get("rank"), "step": e.get("step")}
+        if not isinstance(cause, dict):
+            continue
+        key = (-TIERS.get(str(e.get("event")), 1), cause["confidence"])
+        if best is None or key > best["_key"]:
+            best = {
+                **cause,
+                "event": e.get("event"),
+                "rank": e.get("rank"),
+                "step": e.get("step"),
+                "_key": key,
+            }
+    if best is not None:
+        del best["_key"]
     return best

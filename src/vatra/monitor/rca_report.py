@@ -16,8 +16,8 @@ def _ettr_table(run: Path, summary: dict[str, Any] | None) -> str:
     figures = summary if summary and isinstance(summary.get("ettr_parts"), dict) else ettr_of_run(run)
     parts = figures["ettr_parts"]
     wall = parts.get("wall") or 0.0
-    if not wall:
-        return "<p>No launch or attempt recorded: no effective training time.</p>"
+    if not wall or not parts.get("productive"):  # a federated run's rounds are not training steps
+        return "<p>No launch or training step recorded: no effective training time.</p>"
     rows = "".join(
         f"<tr><th>{p.replace('_', ' ')}</th><td>{parts.get(p, 0.0):.2f} s</td>"
         f"<td>{parts.get(p, 0.0) / wall:.1%}</td></tr>"
