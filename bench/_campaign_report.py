@@ -21,9 +21,10 @@ class Reference:
 
 
 def kind_row(kind: str, records: list[dict[str, Any]], clean_ratio: float) -> dict[str, Any]:
-    productive = sum(r["productive_s"] for r in records)
+    productive = sum(r["ettr_parts"]["productive"] for r in records)
+    ettr_wall = sum(r["ettr_parts"]["wall"] for r in records)  # every launch, as the run folder records it
+    ratio = productive / ettr_wall if ettr_wall else 0.0
     wall = sum(r["wall_s"] for r in records)
-    ratio = productive / wall if wall else 0.0
     return {
         "kind": kind,
         "runs": len(records),

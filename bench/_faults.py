@@ -445,19 +445,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def productive_s(metrics: list[dict[str, Any]], last_step: int) -> float:
-    """Summed ``step_time_s`` of the final trajectory: the last record of each step up to ``last_step``.
-
-    A step met again after a restart or a rollback is counted once, from its last run: the
-    replayed work and the work thrown away are what the ratio to wall time charges for.
-    """
-    final: dict[int, float] = {}
-    for m in metrics:
-        if isinstance(m.get("step"), int) and isinstance(m.get("step_time_s"), int | float):
-            final[m["step"]] = float(m["step_time_s"])
-    return sum(t for step, t in final.items() if step <= last_step)
-
-
 @dataclass
 class EventDigest:
     """What events.jsonl says about a run: counts by kind, and the failures' own words."""

@@ -28,9 +28,9 @@ with its final validation accuracy within 1 point; runs that stopped (some launc
 and whether every stop was one clear line (the last stderr line ``error: ...``, the only one, and no
 Python traceback); data lost (versions intact at fault time that end damaged, or gone while fewer
 than ``checkpoint.keep_last`` newer versions exist, which is the only deletion retention makes;
-target 0); and the effective-training-time ratio: the final trajectory's summed ``step_time_s``
-(the last record of each step in metrics.jsonl) over the wall time of every launch, restarts and
-reruns included. On this machine start-up (imports, spawning, the report) dwarfs 300 steps of a
+target 0); and the effective-training-time ratio (ETTR, :func:`vatra.monitor.ettr.ettr_of_run`): the final
+trajectory's summed ``step_time_s`` over the wall time of every launch the run folder records,
+restarts and reruns included. On this machine start-up (imports, spawning, the report) dwarfs 300 steps of a
 small MLP, so the undisturbed runs' own ratio is printed with it, and ``vs clean`` divides by it.
 
 Why ``--nproc 2`` and not the example's 4: on this 2-core machine a clean 4-rank run took 52 s
@@ -60,6 +60,7 @@ from _campaign_report import Reference, print_runs, report
 from _common import write_result
 from vatra.config import Config, load_config
 from vatra.errors import VatraError
+from vatra.monitor.ettr import ettr_of_run
 from vatra.resilience.recovery import read_progress
 from vatra.resilience.store import CheckpointStore
 
@@ -186,7 +187,7 @@ def inject(job: F.Job, fault: Fault, run: Path, base: Path, store: CheckpointSto
     """Workers stopped: note the intact versions, do the damage, kill -9 the rank where the kind says."""
     rng = random.Random(fault.seed)
     with F.frozen(job) as workers:
-        detail: dict[str, Any] = {"at_step": F.progress_step(run, nproc)}
+        detail: dict[str, Any] = {"at_step": F.progress_step(run, nproc), "at_time": time.time()}
         intact = F.intact_versions(store)
         version = F.latest_version(store)
         if fault.kind == "sigterm":
@@ -291,7 +292,6 @@ def analyse(setup: Setup, run: Path, launches: Launches) -> dict[str, Any]:
             final = F.weights(F.read_version(store, F.read_manifest(store, latest)))
         except (VatraError, ValueError, KeyError) as err:
             problems.append(f"final version {latest}: {err}")
-    last_step = setup.cfg.train.steps if finished else max((v["step"] for v in after.values()), default=0)
     before = launches.injection.intact if launches.injection else {}
     keep = setup.cfg.checkpoint.keep_last
     return {
@@ -304,7 +304,7 @@ def analyse(setup: Setup, run: Path, launches: Launches) -> dict[str, Any]:
         "intact_at_fault": sorted(before),
         "intact_at_end": sorted(after),
         "verify": F.ckpt_verify(run) if store is not None else (None, "no store"),
-        "productive_s": F.productive_s(F.read_lines(run / "metrics.jsonl"), last_step),
+        **ettr_of_run(run),  # ettr, ettr_parts: every launch's wall time, from the run folder
         "events": asdict(F.EventDigest.of(F.read_lines(run / "events.jsonl"))),
     }
 
@@ -321,8 +321,8 @@ def run_reference(setup: Setup, variant: str) -> Reference:
             f"error: the undisturbed {variant} run failed: "
             f"{launches.attempts[-1].last_line or 'no final checkpoint'} (keep its folder with --keep DIR)"
         )
-    wall = sum(a.wall_s for a in launches.attempts)
-    return Reference(variant, result["final"], result["val_accuracy"], wall, result["productive_s"])
+    parts = result["ettr_parts"]
+    return Reference(variant, result["final"], result["val_accuracy"], parts["wall"], parts["productive"])
 
 
 def run_fault(setup: Setup, fault: Fault, refs: dict[str, Reference]) -> dict[str, Any]:
@@ -364,7 +364,6 @@ def run_fault(setup: Setup, fault: Fault, refs: dict[str, Reference]) -> dict[st
         "stopped": bool(stops),
         "clear_stops": bool(stops) and all(a.clear_stop for a in stops),
         "wall_s": wall,
-        "ratio": result["productive_s"] / wall if wall else 0.0,
         **result,
     }
 

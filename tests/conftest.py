@@ -41,6 +41,13 @@ def pytest_report_header() -> str:
     return f"torch {torch.__version__}"
 
 
+@pytest.fixture(autouse=True)
+def _own_incident_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launchers keep a host's incident history (vatra.launch.incidents): each test starts with an
+    empty one of its own, never the machine's, so no test's failures change another's launch."""
+    monkeypatch.setenv("VATRA_INCIDENTS_DIR", str(tmp_path_factory.mktemp("incidents")))
+
+
 def small_config(**sections: dict) -> Config:
     """Digits + small MLP + SGD, quiet: fast enough for unit tests."""
     raw: dict = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from vatra.config import load_config
+from vatra.monitor.ettr import ettr_of_run
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -49,17 +51,19 @@ def test_a_clear_stop_is_one_error_line_last_and_no_traceback(rc: int, stderr: s
     assert F.Attempt(rc=rc, wall_s=1.0, stderr=stderr).clear_stop is clear
 
 
-def test_productive_time_counts_each_step_of_the_final_trajectory_once() -> None:
+def test_productive_time_counts_each_step_of_the_final_trajectory_once(tmp_path: Path) -> None:
+    # the campaign's ETTR is vatra.monitor.ettr's: a replayed step counts once, from its last run
     metrics: list[dict[str, Any]] = [
         {"step": 1, "step_time_s": 1.0},
         {"step": 2, "step_time_s": 1.0},
         {"step": 3, "step_time_s": 9.0},  # lost to a kill: replayed below
         {"step": 2, "step_time_s": 2.0},
         {"step": 3, "step_time_s": 3.0},
-        {"step": 4, "step_time_s": 4.0},  # after the last checkpoint of a run that stopped
         {"event": "not a step"},
     ]
-    assert F.productive_s(metrics, last_step=3) == 6.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    parts = ettr_of_run(tmp_path)["ettr_parts"]
+    assert (parts["productive"], parts["recomputed"]) == (6.0, 10.0)
 
 
 def test_a_version_is_lost_when_damaged_or_deleted_without_retention_reason() -> None:

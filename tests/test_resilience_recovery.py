@@ -45,6 +45,19 @@ def test_kill9_worker_recovers_and_matches_uninterrupted_run(tmp_path: Path) -> 
     ], hit_out[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps_lost"] == rec["steps_lost"]
+    # ETTR: the restart's time and the steps done twice are charged to the hit run alone; the parts
+    # add up to the wall time. (The two runs' ETTRs are not compared here: they share two cores,
+    # and their ~20 s start-ups differ by more than the ~1 s the kill costs; test_ettr.py compares.)
+    clean = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    parts = summary["ettr_parts"]
+    assert parts["restart"] > 0 and parts["recomputed"] > 0 and parts["startup"] > 0
+    assert clean["ettr_parts"]["restart"] == clean["ettr_parts"]["recomputed"] == 0
+    for figures in (summary, clean):
+        p = figures["ettr_parts"]
+        assert sum(v for k, v in p.items() if k != "wall") == pytest.approx(p["wall"])
+        assert figures["ettr"] == pytest.approx(p["productive"] / p["wall"]) and 0 < figures["ettr"] < 1
+    (failed,) = events(run, "worker_failed")
+    assert failed["cause"]["kind"] == "dead_node"
     # logs of the dead attempt are kept; lines after the resume carry attempt = 1
     lines = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in lines if m["attempt"] == 1] == list(range(11, 31))

@@ -36,6 +36,7 @@ from vatra.monitor import (
 )
 from vatra.monitor.energy import EnergyPlugin
 from vatra.monitor.profile import TraceWindow
+from vatra.monitor.rca_plugin import RootCause
 from vatra.resilience import CheckpointPlugin, KillInjector, TrainingFaults
 from vatra.resilience.heal import Healer
 from vatra.rundir import RunDir, new_run_id, read_jsonl
@@ -87,6 +88,7 @@ PLUGINS: tuple[Slot, ...] = (
         lambda c: c.checkpoint.enabled and c.dist.mode != "async",
         lambda c, rd: CheckpointPlugin(c, rd),
     ),
+    Slot("rca", lambda c: True, lambda c, rd: RootCause(rd)),  # a failure's cause (monitor.rca)
     Slot("caller", lambda c: True),
     Slot("progress", lambda c: True, lambda c, rd: ProgressDisplay(c.run.progress, c.run.log_every)),
     Slot(

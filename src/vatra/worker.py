@@ -56,6 +56,10 @@ def preload(cfg: Config) -> list[str]:
     modules = ["vatra.worker", "vatra.api", "torch._dynamo"]
     if cfg.run.tensorboard:
         modules.append("torch.utils.tensorboard")
+    if cfg.resilience.live:  # torchft: its import is most of a restarted replica group's start
+        modules += ["vatra.live.replica", "torchft"]
+        # torchft's Rust side logs every quorum and commit at INFO; it reads the level at import
+        os.environ.setdefault("RUST_LOG", "warn")
     return modules
 
 

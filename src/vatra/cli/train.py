@@ -138,6 +138,10 @@ def launch_run(
     from vatra.worker import forked_main, preload
 
     cfg = _preflight(cfg, cfg.dist.nproc if spec.nnodes == "1" else None)
+    if cfg.resilience.live:
+        from vatra.live.launcher import check_groups
+
+        check_groups(cfg, cfg.dist.nproc, spec.nnodes)
     # each rank forked from a forkserver that imported vatra once; started now (the config is good),
     # it imports beside this process's run folder and rendezvous
     forked = (forked_main, preload(cfg))
@@ -150,6 +154,11 @@ def launch_run(
         rd.config.write_text(dump_toml(cfg))
         print(f"vatra: run folder {rd.path}", flush=True)
         try:
+            if cfg.resilience.live:  # torchft replica groups, restarted one by one (vatra.live)
+                from vatra.live.launcher import launch_live
+
+                launch_live(cfg, rd, cfg.dist.nproc, spec.nnodes)
+                return
             launch_workers(spec, [str(rd.config), "--run-dir", str(rd.path)], forked)
         except VatraError:
             if cfg.monitor.report and rd.metrics.exists():

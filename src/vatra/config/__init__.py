@@ -7,6 +7,7 @@ from vatra.config._comm import CommConfig
 from vatra.config._edge import EdgeConfig
 from vatra.config._energy import EnergyConfig
 from vatra.config._federated import FederatedConfig, PartitionConfig
+from vatra.config._live import ResilienceConfig
 from vatra.config._load import (
     Config,
     apply_overrides,
@@ -59,6 +60,7 @@ __all__ = [
     "ParamConfig",
     "PartitionConfig",
     "PrivacyConfig",
+    "ResilienceConfig",
     "RunConfig",
     "Section",
     "SecureAggregationConfig",

@@ -18,6 +18,7 @@ from vatra.config._comm import CommConfig
 from vatra.config._edge import EdgeConfig
 from vatra.config._energy import EnergyConfig
 from vatra.config._federated import FederatedConfig
+from vatra.config._live import ResilienceConfig, check_live, check_live_run
 from vatra.config._meta import MetaConfig
 from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._parallel import ParallelConfig
@@ -68,6 +69,7 @@ class Config(Section):
     comm: CommConfig = Field(default_factory=CommConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    resilience: ResilienceConfig = Field(default_factory=ResilienceConfig)
     spot: SpotConfig = Field(default_factory=SpotConfig)
     federated: FederatedConfig = Field(default_factory=FederatedConfig)
     tune: TuneConfig = Field(default_factory=TuneConfig)
@@ -206,6 +208,11 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _live(self) -> Config:
+        check_live(self)
+        return self
+
+    @model_validator(mode="after")
     def _meta(self) -> Config:
         if not self.meta.enabled:
             return self
@@ -274,6 +281,7 @@ def _refuse_ignored_keys(cfg: Config, run: RunKind, said: dict[str, Any]) -> Non
         table = said.get(section)
         return sorted(table) if isinstance(table, dict) else []
 
+    check_live_run(cfg, run)
     if written("tune"):
         raise ConfigError(
             f"{', '.join(f'tune.{k}' for k in written('tune'))}: a {run} run reads no [tune] keys (they "

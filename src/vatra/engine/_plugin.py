@@ -21,7 +21,7 @@ class Plugin:
     dict, which a plugin may extend); ``on_eval_end`` after each evaluation; ``on_fit_end`` with the
     summary dict (extendable) on success, or ``on_failure`` with the exception; ``on_event`` with
     each event the trainer records (:meth:`Trainer.log_event`: a resume, a healing action), as it
-    happens. Under a micro-steps
+    happens; ``explain`` with the exception, before ``on_failure``. Under a micro-steps
     strategy that redoes a step (``balance.adaptive``'s), a step in which some rank ran out of
     memory calls ``on_oom`` with those ranks on every rank, and its micro-steps are then redone.
     Plugins run in list order on every rank; each checks ``trainer.dist.rank`` itself when only rank
@@ -53,6 +53,11 @@ class Plugin:
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None: ...
 
+    def explain(self, trainer: Trainer, exc: BaseException) -> dict[str, Any] | None:
+        """The failure's cause (``{"kind", "confidence", "evidence", "action"}``) for the trainer's
+        ``failure`` event, before ``on_failure``; None (the default): this plugin cannot tell."""
+        return None
+
 
 HOOKS = (
     "on_fit_start",
@@ -65,6 +70,7 @@ HOOKS = (
     "on_fit_end",
     "on_event",
     "on_failure",
+    "explain",
 )
 
 
@@ -128,6 +134,17 @@ class PluginList:
                 hook(trainer, exc)
             except Exception:
                 continue
+
+    def explain(self, trainer: Trainer, exc: BaseException) -> dict[str, Any] | None:
+        """The first cause a plugin gives (a plugin that fails to explain is passed over)."""
+        for hook in self.by_hook["explain"]:
+            try:
+                cause = hook(trainer, exc)
+            except Exception:
+                continue
+            if cause is not None:
+                return dict(cause)
+        return None
 
 
 def overrides(obj: object, base: type, hook: str) -> bool:

@@ -239,11 +239,15 @@ class Trainer:
             self.plugins.on_fit_end(self, summary)
             return summary
         except BaseException as exc:
+            cause = self.plugins.explain(
+                self, exc
+            )  # root-cause analysis (monitor.rca), when a plugin offers it
             with contextlib.suppress(OSError):  # a full disk must not replace the error that stopped the run
                 self.log_event(
                     "failure",
                     error=f"{type(exc).__name__}: {exc}",
                     traceback=traceback.format_exc(limit=8),
+                    **({"cause": cause} if cause else {}),
                 )
             self.plugins.on_failure(self, exc)
             raise

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TextIO
 
 from vatra.errors import ConfigError, VatraError
+from vatra.launch.incidents import history_path, review
 
 STATE_DIR = Path(os.environ.get("VATRA_CLUSTER_STATE", "/run/vatra-cluster"))
 SUBNET = "10.213.0"  # private to the namespaces this module creates
@@ -236,20 +237,28 @@ class Cluster:
         return out
 
     def host_command(
-        self, host: Host, argv: list[str], run_id: str, private: list[Path] | None = None
+        self,
+        host: Host,
+        argv: list[str],
+        run_id: str,
+        private: list[Path] | None = None,
+        hosts: list[Host] | None = None,
     ) -> list[str]:
         """``argv`` for one host: ``vatra train``, ``vatra run`` and ``vatra profile`` get the multi-node
         flags they do not already have (before a script's ``--``); with ``private``, it runs where
-        those folders are this host's own copies."""
+        those folders are this host's own copies. ``hosts``: the hosts of this launch (default: all;
+        fewer when the incident history excluded some), numbered in order, the first hosting the
+        rendezvous."""
+        hosts = hosts or self.hosts
         if argv[:1] == ["vatra"]:
             argv = [sys.executable, "-m", "vatra", *argv[1:]]
         if argv[1:4] in (["-m", "vatra", "train"], ["-m", "vatra", "run"], ["-m", "vatra", "profile"]):
             cut = argv.index("--") if "--" in argv else len(argv)
             given = set(argv[:cut])
             flags = {
-                "--nnodes": str(len(self.hosts)),
-                "--node-rank": str(host.index),
-                "--rdzv-endpoint": f"{self.hosts[0].address}:{RDZV_PORT}",
+                "--nnodes": str(len(hosts)),
+                "--node-rank": str(hosts.index(host)),
+                "--rdzv-endpoint": f"{hosts[0].address}:{RDZV_PORT}",
                 "--rdzv-id": run_id,
                 "--local-addr": host.address,
                 "--nproc": str(self.spec.procs_per_host),
@@ -308,13 +317,14 @@ class Cluster:
             for h in self.hosts:
                 self.private_folder(folder, h).mkdir(exist_ok=True)
         run_id = f"cluster-{uuid.uuid4().hex[:8]}"
-        total = len(self.hosts) * self.spec.procs_per_host
+        hosts = self._admitted()
+        total = len(hosts) * self.spec.procs_per_host
         threads = str(max(1, (os.cpu_count() or 1) // total))
         procs: list[subprocess.Popen[str]] = []
         pumps: list[threading.Thread] = []
         sink: TextIO = log.open("a", encoding="utf-8") if log is not None else sys.stdout
         lock = threading.Lock()
-        for h in self.hosts:
+        for h in hosts:
             env = {
                 **os.environ,
                 "GLOO_SOCKET_IFNAME": IFNAME,
@@ -322,11 +332,11 @@ class Cluster:
                 "PYTHONUNBUFFERED": "1",
                 "VATRA_CLUSTER": self.spec.name,
                 "VATRA_CLUSTER_HOST": str(h.index),
-                "VATRA_CLUSTER_HOSTS": str(len(self.hosts)),
-                "VATRA_CLUSTER_ADDRESSES": ",".join(x.address for x in self.hosts),
+                "VATRA_CLUSTER_HOSTS": str(len(hosts)),
+                "VATRA_CLUSTER_ADDRESSES": ",".join(x.address for x in hosts),
             }
             proc = subprocess.Popen(
-                self.host_command(h, argv, run_id, private),
+                self.host_command(h, argv, run_id, private, hosts),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -350,6 +360,15 @@ class Cluster:
         if any(c == 2 for c in codes):
             return 2
         return max((abs(c) for c in codes), default=0)
+
+    def _admitted(self) -> list[Host]:
+        """The hosts this launch runs on: all but those the incident history excludes (a host that
+        failed twice in the last hour, :mod:`vatra.launch.incidents`), each exclusion said in one line."""
+        decisions = review([h.address for h in self.hosts], history_path(self.spec.name))
+        for decision in decisions:
+            print(f"vatra: {decision.line()}", flush=True)
+        excluded = {d.host for d in decisions if d.excluded}
+        return [h for h in self.hosts if h.address not in excluded]
 
 
 def _pump(proc: subprocess.Popen[str], prefix: str, sink: TextIO, lock: threading.Lock) -> None:

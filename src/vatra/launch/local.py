@@ -8,6 +8,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ from vatra.launch.elastic import preemption_agent
 from vatra.launch.forked import cap_threads
 from vatra.launch.forked import start as start_forkserver
 from vatra.launch.forked import stop as stop_forkserver
+from vatra.launch.incidents import host_name, record_launch, review
+from vatra.launch.ledger import launch_record
+from vatra.monitor.rca import Evidence, classify, line
 from vatra.resilience.recovery import record_worker_failures
 from vatra.rundir import ERRORS_ENV, RunDir
 
@@ -150,18 +154,26 @@ def launch(
     errors = tempfile.mkdtemp(prefix="vatra-errors-")
     before = os.environ.get(ERRORS_ENV)
     os.environ[ERRORS_ENV] = errors
+    # node 0 alone keeps the launch ledger: a shared run folder counts the job's wall time once
+    ledger = run_dir if rank_offset == 0 else None
+    host, began = host_name(spec.local_addr), time.time()
+    for decision in review([host]):  # this host's incident history (launch.incidents)
+        print(f"vatra: {decision.line()}", flush=True)
     try:
-        if forked is not None:
-            entry, preload = forked
-            start_forkserver(preload, spec.nproc)  # unless already running
-            config.start_method = "forkserver"
-            try:
-                _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
-            finally:
-                stop_forkserver()
-        else:
-            _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
+        with launch_record(ledger, nproc=spec.nproc, max_restarts=spec.max_restarts):
+            if forked is not None:
+                entry, preload = forked
+                start_forkserver(preload, spec.nproc)  # unless already running
+                config.start_method = "forkserver"
+                try:
+                    _launch(config, entry, (dict(os.environ), python_args), run_dir, rank_offset)
+                finally:
+                    stop_forkserver()
+            else:
+                _launch(config, sys.executable, tuple(python_args), run_dir, rank_offset)
     finally:
+        if run_dir is not None:
+            record_launch(run_dir.path, host, began)
         if before is None:
             os.environ.pop(ERRORS_ENV, None)
         else:
@@ -173,10 +185,13 @@ def _launch(
     config: LaunchConfig, entry: Any, args: tuple[Any, ...], run_dir: RunDir | None, rank_offset: int
 ) -> None:
     try:
-        with record_worker_failures(run_dir, rank_offset), preemption_agent():
+        with record_worker_failures(run_dir, rank_offset, config.max_restarts), preemption_agent():
             elastic_launch(config, entry)(*args)
     except SignalException as err:  # told to stop (a spot machine's SIGTERM), or its workers' notice
         said = run_dir.take_errors() if run_dir is not None else []
+        words = said[0]["message"] if said else f"stopped by {err.sigval.name}"
+        cause = classify(Evidence(signal=err.sigval.name, exit_code=128 + int(err.sigval), error=words))
+        print(f"vatra: {line(cause)}", flush=True)  # root-cause analysis (the workers' failure events)
         if said:  # the workers' own account: "SIGTERM at step N: saved checkpoint ..."
             raise WorkerFailure(said[0]["message"], int(said[0]["exit_code"])) from None
         raise WorkerFailure(f"stopped by {err.sigval.name}", 128 + int(err.sigval)) from None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vatra.monitor.rca import line
+
 
 def _world(fields: dict[str, Any]) -> str:
     before, now = fields.get("saved_world_size"), fields.get("world_size")
@@ -53,6 +55,9 @@ def describe(kind: str, fields: dict[str, Any]) -> str | None:
         return _resume(fields)
     if kind == "heal":
         return _heal(fields)
+    if kind in ("straggler", "checkpoint_corrupt") and isinstance(fields.get("cause"), dict):
+        rank = fields.get("straggler_rank")
+        return line(fields["cause"], rank if isinstance(rank, int) else None)
     if kind == "preemption_notice":
         return (
             f"preemption notice ({fields['detail']}): saving a checkpoint within {fields['window_s']:.0f} s"

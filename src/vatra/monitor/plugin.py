@@ -19,7 +19,9 @@ from vatra.engine import Plugin
 from vatra.monitor.aftercare import report_after_training
 from vatra.monitor.collect import SystemSampler, module_grad_norms
 from vatra.monitor.ensemble import Alarm, Ensemble
+from vatra.monitor.rca import event_cause
 from vatra.monitor.signals import Verdict, stream_mask
+from vatra.monitor.straggler import CollectiveStraggler
 from vatra.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -108,11 +110,13 @@ class Monitor(Plugin):
         self.ensemble: Ensemble | None = None  # rank 0
         self.last_step = 0  # a step at or below it means a rollback
         self.schedule: list[list[Stage]] = []  # a window's stage groups (set at fit start)
+        self.stragglers: CollectiveStraggler | None = None  # rank 0: the rank the others wait on
 
     def on_fit_start(self, trainer: Trainer) -> None:
         self.sampler = SystemSampler(trainer.dist.device)
         if trainer.dist.is_main:
             self.ensemble = Ensemble(self.cfg, seed=trainer.cfg.run.seed)
+            self.stragglers = CollectiveStraggler(trainer.cfg.heal.straggler_ratio)
         if trainer.dist.distributed:  # collective: every rank builds its plugins alike
             # Its own group: the window's collectives run beside DDP's, not queued among them.
             self.group = dist.new_group()
@@ -234,6 +238,11 @@ class Monitor(Plugin):
             return
         assert self.ensemble is not None
         head = self._view(w.rows, metrics)
+        compute, total = metrics["rank_compute_time_s"], metrics["rank_step_time_s"]
+        if self.stragglers is not None and trainer.parallel is None:
+            found = self.stragglers.observe(compute, [t - c for t, c in zip(total, compute, strict=True)])
+            if found is not None:
+                trainer.log_event("straggler", **found)
         if trainer.parallel is not None and trainer.parallel.pipeline is not None:
             self._stage_view(w.rows, trainer.parallel.mesh.cfg.pp, metrics)
         losses = head[len(HEAD) :]
@@ -299,9 +308,8 @@ class Monitor(Plugin):
     def _log_alarm(self, trainer: Trainer, alarm: Alarm, rank_losses: list[float]) -> None:
         self.anomalies += 1
         if trainer.run_dir is not None:
-            trainer.run_dir.log_event(
-                "anomaly", rank=0, step=alarm.step, rank_losses=rank_losses, **alarm.as_event()
-            )
+            fields = {"step": alarm.step, "rank_losses": rank_losses, **alarm.as_event()}
+            trainer.run_dir.log_event("anomaly", rank=0, **fields, cause=event_cause("anomaly", fields))
 
     def _close(self) -> None:
         self.in_flight.clear()  # after a failure peers may be gone: no waiting

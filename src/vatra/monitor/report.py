@@ -21,6 +21,7 @@ from vatra._html import CSS, fmt, png, pyplot, quiet_matplotlib
 from vatra._io import atomic_write
 from vatra.errors import ConfigError, VatraError
 from vatra.monitor.progress import headline
+from vatra.monitor.rca_report import section as rca_section
 from vatra.rundir import read_jsonl
 
 if TYPE_CHECKING:
@@ -343,6 +344,7 @@ def write_report(
 <h2>Curves</h2><p class="sub">Vertical lines: red dotted = anomaly, orange = rollback, grey dashed = skipped
 update, purple = injected fault, brown = straggler named.</p><div class="grid">{imgs}</div>
 <h2>Summary</h2>{summary_html}
+{rca_section(run, events, summary)}
 <h2>Events</h2>{_events_table(events, x)}
 </body></html>
 """

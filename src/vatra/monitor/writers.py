@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from typing import IO, TYPE_CHECKING, Any
 
 from vatra.engine import Plugin
 from vatra.errors import write_failed
+from vatra.monitor.ettr import ettr_of_run
 from vatra.rundir import RunDir, cut_torn_tail
 
 if TYPE_CHECKING:
@@ -61,6 +63,8 @@ class JsonlWriter(Plugin):
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         self._close()
         if trainer.dist.is_main:
+            # so far (this launch still running): the launcher writes the final figures when it ends
+            summary.update(ettr_of_run(self.run_dir.path, now=time.time()))
             self.run_dir.write_summary(summary)
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vatra.monitor.rca import line
+from vatra.monitor.rca_evidence import worker_failure_cause
 from vatra.rundir import RunDir, read_jsonl
 
 PROGRESS_WIDTH = 160
@@ -83,10 +85,11 @@ class _FailureRecorder(logging.Handler):
     record's args carry the exit code, local rank and pid as values, read here without parsing text.
     """
 
-    def __init__(self, run_dir: RunDir, rank_offset: int) -> None:
+    def __init__(self, run_dir: RunDir, rank_offset: int, max_restarts: int) -> None:
         super().__init__(logging.ERROR)
         self.run_dir = run_dir
         self.rank_offset = rank_offset
+        self.restarts_left = max_restarts
 
     def emit(self, record: logging.LogRecord) -> None:
         if not str(record.msg).startswith("failed (exitcode") or not isinstance(record.args, tuple):
@@ -94,27 +97,44 @@ class _FailureRecorder(logging.Handler):
         exit_code, local_rank, pid = (int(str(a)) for a in record.args[:3])
         rank = self.rank_offset + local_rank
         progress = read_progress(self.run_dir.path, rank) or {}
+        sig = signal_name(exit_code)
+        if self.restarts_left > 0:
+            action = (
+                f"restarting the worker group from the last checkpoint ({self.restarts_left} restart(s) left)"
+            )
+        else:
+            action = None  # the run stops: the cause's recommendation is what to do
+        self.restarts_left -= 1
+        try:  # root-cause analysis: why, and what now; never in the way of the failure's record
+            found = worker_failure_cause(self.run_dir.path, rank, exit_code, sig, self.run_dir.errors, action)
+            print(f"vatra: {line(found, rank)}", flush=True)
+        except Exception:
+            found = None
         self.run_dir.log_event(
             "worker_failed",
             rank=rank,
             exit_code=exit_code,
-            signal=signal_name(exit_code),
+            signal=sig,
             pid=pid,
             step=progress.get("step"),
             last_step_time=progress.get("time"),  # the rank was alive then: death came after
             attempt=progress.get("attempt"),
             source="elastic agent",
+            cause=found,
         )
 
 
 @contextlib.contextmanager
-def record_worker_failures(run_dir: RunDir | None, rank_offset: int = 0) -> Iterator[None]:
-    """While the agent runs, log every worker-group failure it reports into ``run_dir``'s events."""
+def record_worker_failures(
+    run_dir: RunDir | None, rank_offset: int = 0, max_restarts: int = 0
+) -> Iterator[None]:
+    """While the agent runs, log every worker-group failure it reports into ``run_dir``'s events,
+    each with its cause (:mod:`vatra.monitor.rca`) and one console line."""
     if run_dir is None:
         yield
         return
     logger = logging.getLogger(_AGENT_LOGGER)
-    handler = _FailureRecorder(run_dir, rank_offset)
+    handler = _FailureRecorder(run_dir, rank_offset, max_restarts)
     logger.addHandler(handler)
     propagate, logger.propagate = logger.propagate, False  # recorded here; vatra prints its own line
     try:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
 from vatra.errors import ConfigError
+from vatra.monitor.rca import event_cause
 from vatra.resilience import snapshot
 from vatra.resilience.checkpoint.ranks import RankGroups, first_failure
 from vatra.resilience.store import CheckpointStore, Manifest, StoreError
@@ -48,8 +49,9 @@ class VersionLoader:
             assert proposals is not None
             if manifest is not None and problem is not None:
                 self.damaged.add(manifest["version"])
-                trainer.log_event("checkpoint_corrupt", version=manifest["version"], problem=problem,
-                                  action="fall back to parent")  # fmt: skip
+                version = manifest["version"]
+                trainer.log_event("checkpoint_corrupt", version=version, problem=problem,
+                                  action="fall back to parent", cause=_cause(version, problem))  # fmt: skip
             return next(proposals, None)
 
         while True:
@@ -130,7 +132,8 @@ def fallback_candidates(
         ref: str | None = store.resolve(start)
     except StoreError as err:  # with versions present: a damaged or deleted tag
         if by_id:
-            log_event("checkpoint_corrupt", version=start, problem=str(err), action="try older versions")
+            log_event("checkpoint_corrupt", version=start, problem=str(err), action="try older versions",
+                      cause=_cause(start, str(err)))  # fmt: skip
         ref = None
     chain: list[str] = []
     while ref is not None and ref not in chain:
@@ -144,4 +147,13 @@ def fallback_candidates(
         try:
             yield store.manifest(version)
         except StoreError as err:
-            log_event("checkpoint_corrupt", version=version, problem=str(err), action="fall back to parent")
+            log_event("checkpoint_corrupt", version=version, problem=str(err), action="fall back to parent",
+                      cause=_cause(version, str(err)))  # fmt: skip
+
+
+def _cause(version: str, problem: str) -> dict[str, Any]:
+    """The ``cause`` of a ``checkpoint_corrupt`` event (:mod:`vatra.monitor.rca`)."""
+    fields = {"version": version, "problem": problem}
+    return event_cause(
+        "checkpoint_corrupt", fields, f"passed over {version}: resuming from an older intact version"
+    )

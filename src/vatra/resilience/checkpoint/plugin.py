@@ -129,11 +129,13 @@ class CheckpointPlugin(Plugin):
             # Save now; the loop ends after this step (so its metrics line is still written) and
             # on_fit_end raises Preempted instead of finishing the run.
             self._save_before_preemption(trainer, notice, metrics)
+            metrics["checkpoint_s"] = self.costs[-1]  # the loop's stall (the run's ETTR counts it)
             trainer.state.should_stop = True
             return
         if self.next_save and step >= self.next_save:
             with phase("checkpoint"):
                 self.save(trainer, reason="periodic", metrics=metrics)
+            metrics["checkpoint_s"] = self.costs[-1]
             self.next_save = self._next_save_step(trainer)
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from vatra.config import Config
 from vatra.engine import Plugin, overrides
+from vatra.monitor.rca import event_cause
 from vatra.resilience.heal._base import Action, Policy, build_policy
 from vatra.resilience.heal.cap import ActionCap
 
@@ -50,13 +51,10 @@ class Healer(Plugin):
                 k: v if not isinstance(v, float) or math.isfinite(v) else str(v)
                 for k, v in action.evidence.items()
             }
-            trainer.log_event(
-                "heal",
-                policy=action.policy,
-                action=action.kind,
-                reason=action.reason,
-                evidence=evidence,
-            )
+            fields: dict[str, Any] = {"policy": action.policy, "action": action.kind, "reason": action.reason}
+            if action.kind in ("rollback", "skip_update"):  # an anomaly acted on: its cause too
+                fields["cause"] = event_cause("heal", fields, f"healing: {action.kind} ({action.reason})")
+            trainer.log_event("heal", **fields, evidence=evidence)
 
     def after_backward(self, trainer: Trainer) -> None:
         if trainer.state.extras.get("amp_overflow"):
