@@ -22,7 +22,8 @@ the worker's plugin).
 
 from __future__ import annotations
 
-from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, PUSH, WIRE, Link, PeerGone, Wire, publish_incarnation
+from vatra.asyncdp.ps.codec import Codec, PushEncoder
+from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, PUSH, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.server import Server
 from vatra.asyncdp.ps.shard import Reply, ShardServer, staleness_scale
 from vatra.asyncdp.ps.worker import AsyncWorker
@@ -32,10 +33,11 @@ __all__ = [
     "HEADER",
     "HELLO",
     "PUSH",
-    "WIRE",
     "AsyncWorker",
+    "Codec",
     "Link",
     "PeerGone",
+    "PushEncoder",
     "Reply",
     "Server",
     "ShardServer",

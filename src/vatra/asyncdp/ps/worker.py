@@ -13,7 +13,8 @@ import torch.distributed as dist
 
 from vatra._io import atomic_write
 from vatra.asyncdp.diloco import split_fragments
-from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, WIRE, Link, Wire, publish_incarnation
+from vatra.asyncdp.ps.codec import PushEncoder
+from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, Link, Wire, publish_incarnation
 from vatra.config import Config
 from vatra.engine import Plugin
 from vatra.resilience.snapshot import load_rank_state, rank_state
@@ -44,6 +45,8 @@ class AsyncWorker(Plugin):
         self.links: list[Link] = []
         self.shards: list[list[int]] = []
         self.wires: list[Wire] = []
+        self.encoders: list[PushEncoder] = []
+        self.copies: list[torch.Tensor] = []  # each shard as this worker holds it
         self.params: list[torch.Tensor] = []
         self.versions: list[int] = []
         self.histogram: Counter[int] = Counter()
@@ -58,8 +61,10 @@ class AsyncWorker(Plugin):
         self.params = [p for p in trainer.trainable.parameters() if p.requires_grad]
         self.shards = split_fragments([p.numel() for p in self.params], self.servers)
         bucket = int(self.cfg.comm.bucket_mb * 2**20)
-        dtype = WIRE[self.cfg.comm.method]
-        self.wires = [Wire([self.params[i].numel() for i in s], bucket, dtype) for s in self.shards]
+        wire, comm = self.cfg.dist.ps_wire, self.cfg.comm
+        self.wires = [Wire([self.params[i].numel() for i in s], bucket, wire, comm) for s in self.shards]
+        self.encoders = [PushEncoder(w.codec) for w in self.wires]
+        self.copies = [torch.zeros(sum(w.numels)) for w in self.wires]
         self.own = self.run_dir.checkpoints / "async" / f"worker-{w}.pt"
         if self.own.exists():  # a restart: this worker's own position; the parameters come from the servers
             load_rank_state(trainer, self.own.read_bytes())
@@ -99,14 +104,18 @@ class AsyncWorker(Plugin):
         link.send(torch.tensor(wire.numels, dtype=torch.int64))
         state = link.recv(torch.zeros(2, dtype=torch.float64))
         if not state[0] and self.index == 0:
-            wire.send(link, self._flat(s, grads=False), torch.float32)
-        self._take_reply(s)
+            wire.send(link, wire.exact.encode(self._flat(s, grads=False))[0], wire.exact)
+        self._take_reply(s, exact=True)
 
-    def _take_reply(self, s: int) -> tuple[bool, int]:
+    def _take_reply(self, s: int, exact: bool = False) -> tuple[bool, int]:
+        """The reply's header and the shard: exact, or the change since this worker's copy."""
         link, wire = self.links[s], self.wires[s]
         head = link.recv(torch.zeros(3, dtype=torch.float64))
-        flat = wire.recv(link, torch.empty(sum(wire.numels)), torch.float32)
-        self._load(s, flat)
+        if exact or wire.codec.exact:
+            self.copies[s] = wire.recv(link, wire.exact)
+        else:
+            self.copies[s] += wire.recv(link, wire.codec)
+        self._load(s, self.copies[s])
         self.versions[s] = int(head[2])
         return bool(head[0]), int(head[1])
 
@@ -119,10 +128,12 @@ class AsyncWorker(Plugin):
             head = [kind, float(self.versions[s]), float(trainer.state.step), lr]
             link.send(torch.tensor(head, dtype=torch.float64))
             if kind == PUSH:
-                self.wires[s].send(link, self._flat(s, grads=True))
-            return self._take_reply(s)
+                wire = self.wires[s]
+                wire.send(link, self.encoders[s].encode(self._flat(s, grads=True)), wire.codec)
+            return self._take_reply(s, exact=kind == BYE)
         except (RuntimeError, dist.DistError) as exc:
             trainer.log_event("async_link_lost", server=s, worker=self.index, error=str(exc)[:200])
+            self.encoders[s].forget()
             link.reconnect()
             self._hello(s)
             if kind == BYE:
@@ -144,7 +155,7 @@ class AsyncWorker(Plugin):
         sent = sum(link.sent for link in self.links) - before
         self.total_sent += sent
         self.total_refused += refused
-        pulled = sum(sum(w.numels) * 4 for w in self.wires)
+        pulled = sum(w.codec.nbytes for w in self.wires)
         self.step_stats = {
             "staleness": staleness,
             "refused": refused,
