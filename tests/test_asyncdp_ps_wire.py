@@ -3,9 +3,11 @@ key, and where the launcher places the server shards."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
-from tests.conftest import small_config
+from tests.conftest import small_config, vatra_in_process
 
 from vatra.asyncdp.ps import Codec, PushEncoder
 from vatra.asyncrun import place
@@ -116,3 +118,15 @@ def test_the_launcher_puts_each_server_shard_on_another_host(
     assert [i for role, i in roles if role == "server"] == list(range(servers))
     assert [i for role, i in roles if role == "worker"] == list(range(world - servers))
     assert roles[0] == ("worker", 0)  # rank 0 (the run's records) is worker 0
+
+
+def test_per_rank_chaos_lists_name_the_workers_not_the_servers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 3 processes, 1 of them a server: speed factors for 3 ranks are one too many (the workers
+    # would refuse them after starting; the launcher says so before any starts)
+    code, _, err = vatra_in_process(
+        capsys, "train", "examples/digits.toml", "--nproc", "3", "--run-dir", str(tmp_path / "run"),
+        "--set", "dist.mode=async", "--set", "chaos.speed_factors=[1,1,3]",
+    )  # fmt: skip
+    assert code == 2 and "chaos.speed_factors lists 3 entries but the run has 2 ranks" in err
