@@ -9,7 +9,7 @@ import pytest
 import torch
 from tests.conftest import small_config, vatra_in_process
 
-from vatra.asyncdp.ps import Codec, PushEncoder
+from vatra.asyncdp.ps import Codec, PushEncoder, split_even
 from vatra.asyncrun import place
 from vatra.config import CommConfig
 from vatra.errors import ConfigError
@@ -130,3 +130,14 @@ def test_per_rank_chaos_lists_name_the_workers_not_the_servers(
         "--set", "dist.mode=async", "--set", "chaos.speed_factors=[1,1,3]",
     )  # fmt: skip
     assert code == 2 and "chaos.speed_factors lists 3 entries but the run has 2 ranks" in err
+
+
+def test_shards_are_equal_runs_of_elements_cutting_a_large_tensor() -> None:
+    # an MLP 64-512-512-10: one 512×512 matrix is 87 % of it; whole tensors would give one server that
+    numels = [64 * 512, 512, 512 * 512, 512, 512 * 10, 10]
+    shards = split_even(numels, 4)
+    sizes = [sum(b - a for _, a, b in s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == sum(numels)
+    flat = [(i, e) for s in shards for i, a, b in s for e in range(a, b)]
+    assert flat == [(i, e) for i, n in enumerate(numels) for e in range(n)]  # every element once, in order
+    assert shards[0][-1][0] == 2 and shards[1] == [(2, shards[0][-1][2], shards[0][-1][2] + sizes[1])]

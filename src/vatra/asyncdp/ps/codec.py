@@ -22,6 +22,29 @@ import torch
 
 from vatra.comm import Compressor, Ctx, Memory, build_compressor
 from vatra.config import CommConfig
+from vatra.errors import ConfigError
+
+Piece = tuple[int, int, int]  # (tensor index, first element, end element) of a flat parameter
+
+
+def split_even(numels: list[int], servers: int) -> list[list[Piece]]:
+    """The parameters' elements, in order, cut into ``servers`` runs of equal size (±1): one shard
+    per server, a tensor cut between two shards where a boundary falls inside it (whole tensors
+    would leave one server most of a model whose weight is one large matrix)."""
+    total = sum(numels)
+    if servers > total:
+        raise ConfigError(f"dist.servers = {servers}: more servers than the model's {total} parameters")
+    cuts = [total * k // servers for k in range(servers + 1)]
+    shards: list[list[Piece]] = [[] for _ in range(servers)]
+    start = 0
+    for i, n in enumerate(numels):
+        for s in range(servers):
+            a, b = max(start, cuts[s]), min(start + n, cuts[s + 1])
+            if a < b:
+                shards[s].append((i, a - start, b - start))
+        start += n
+    return shards
+
 
 HALF = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SMALL = 256  # tensors under this many elements skip the compressor (fp32)

@@ -12,8 +12,7 @@ import torch
 import torch.distributed as dist
 
 from vatra._io import atomic_write
-from vatra.asyncdp.diloco import split_fragments
-from vatra.asyncdp.ps.codec import PushEncoder
+from vatra.asyncdp.ps.codec import Piece, PushEncoder, split_even
 from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, Link, Wire, publish_incarnation
 from vatra.config import Config
 from vatra.engine import Plugin
@@ -43,7 +42,7 @@ class AsyncWorker(Plugin):
         self.run_dir, self.incarnation = run_dir, incarnation
         self.timeout = timedelta(seconds=cfg.dist.timeout_s)
         self.links: list[Link] = []
-        self.shards: list[list[int]] = []
+        self.shards: list[list[Piece]] = []
         self.wires: list[Wire] = []
         self.encoders: list[PushEncoder] = []
         self.copies: list[torch.Tensor] = []  # each shard as this worker holds it
@@ -59,10 +58,10 @@ class AsyncWorker(Plugin):
     def on_fit_start(self, trainer: Trainer) -> None:
         self.index = w = trainer.dist.rank
         self.params = [p for p in trainer.trainable.parameters() if p.requires_grad]
-        self.shards = split_fragments([p.numel() for p in self.params], self.servers)
+        self.shards = split_even([p.numel() for p in self.params], self.servers)
         bucket = int(self.cfg.comm.bucket_mb * 2**20)
         wire, comm = self.cfg.dist.ps_wire, self.cfg.comm
-        self.wires = [Wire([self.params[i].numel() for i in s], bucket, wire, comm) for s in self.shards]
+        self.wires = [Wire([b - a for _, a, b in s], bucket, wire, comm) for s in self.shards]
         self.encoders = [PushEncoder(w.codec) for w in self.wires]
         self.copies = [torch.zeros(sum(w.numels)) for w in self.wires]
         self.own = self.run_dir.checkpoints / "async" / f"worker-{w}.pt"
@@ -83,17 +82,20 @@ class AsyncWorker(Plugin):
             self._hello(s)
 
     def _flat(self, s: int, grads: bool) -> torch.Tensor:
-        ts = [self.params[i].grad if grads else self.params[i].detach() for i in self.shards[s]]
-        return torch.cat([torch.zeros_like(self.params[i]).reshape(-1) if t is None else t.reshape(-1)
-                          for i, t in zip(self.shards[s], ts, strict=True)])  # fmt: skip
+        """Shard s of the gradients (a missing one as zeros) or of the parameters, flat."""
+        out = []
+        for i, a, b in self.shards[s]:
+            p = self.params[i]
+            t = p.grad if grads else p.detach()
+            out.append(torch.zeros(b - a) if t is None else t.reshape(-1)[a:b])
+        return torch.cat(out)
 
     def _load(self, s: int, flat: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
-            for i in self.shards[s]:
-                p = self.params[i]
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for i, a, b in self.shards[s]:
+                self.params[i].view(-1)[a:b].copy_(flat[offset : offset + b - a])
+                offset += b - a
 
     def _hello(self, s: int) -> None:
         """Open a session with server s: the shard's layout, worker 0's starting values if the server
