@@ -89,7 +89,13 @@ def main() -> None:
                     if lay != layout:
                         continue
                     run = Path(tmp) / name.replace(" ", "_").replace("=", "")
-                    res = train_on_cluster(cluster, run, [*base, f"train.steps={budget[kind]}", *sets], 1800)
+                    try:
+                        res = train_on_cluster(
+                            cluster, run, [*base, f"train.steps={budget[kind]}", *sets], 1800
+                        )
+                    except RuntimeError:
+                        print(run.with_name(run.name + ".log").read_text()[-3000:], flush=True)
+                        raise
                     row = _row(name, layout, h, args.steps, res)
                     row["samples"] = _samples(run, res, 4, 64)
                     row["samples_per_s"] = row["samples"] / row["train_s"]

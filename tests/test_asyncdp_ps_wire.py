@@ -47,6 +47,14 @@ def test_a_codec_sends_its_stated_bytes_and_decodes_what_it_says(wire: str, nbyt
         assert torch.equal(seen[-10:], x[-10:])  # small tensors are not compressed
 
 
+@pytest.mark.parametrize("wire", ["topk", "randomk", "onebit", "qsgd", "int8", "bf16"])
+def test_every_compressor_decodes_from_bytes_what_its_sender_assumed(wire: str) -> None:
+    codec = Codec(NUMELS, wire, CommConfig(ratio=0.1))
+    buf, seen = codec.encode(_shard(3))
+    assert buf.numel() == codec.nbytes < 4 * sum(NUMELS)
+    assert torch.equal(codec.decode(buf), seen)
+
+
 @pytest.mark.parametrize("wire", ["topk", "onebit", "fp16"])
 def test_pull_deltas_with_error_feedback_track_the_servers_parameters(wire: str) -> None:
     # Prepare: a server's shard that moves every step, and a worker's copy fed only decoded deltas
