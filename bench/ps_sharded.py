@@ -13,8 +13,9 @@ step). Throughput: samples all workers processed per second of rank 0's training
 workers' steps, the slow one's included, from each worker's metrics). Bytes: the kernel's counters
 of every host's shaped link, per rank-0 step.
 
-    .venv/bin/python bench/ps_sharded.py [--steps 400] [--local-steps 1200] [--only "sync,..."]
-    (as root: it builds the network-namespace cluster; ~10 min)
+    .venv/bin/python bench/ps_sharded.py [--steps 300] [--local-steps 900] [--one-server] [--only "sync,..."]
+    (as root: it builds the network-namespace cluster; 20 min at load average 20 on 2 cores, most
+    of it the start-up of 8 processes a run)
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def _samples(run: Path, res: dict[str, Any], workers: int, batch: int) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=400, help="sync DDP's and async's steps (per worker)")
-    ap.add_argument("--local-steps", type=int, default=1200, help="DiLoCo's steps")
+    ap.add_argument("--steps", type=int, default=300, help="sync DDP's and async's steps (per worker)")
+    ap.add_argument("--local-steps", type=int, default=900, help="DiLoCo's steps")
     ap.add_argument("--bandwidth", default="100mbit")
     ap.add_argument("--one-server", action="store_true", help="add the one-server rows (5 hosts)")
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
