@@ -1,10 +1,11 @@
 """``vatra.fit`` under ``dist.mode = "async"``: each process supervises one worker or server.
 
-Of the job's N processes (torchrun's RANK / WORLD_SIZE), ranks 0 … N−S−1 are workers and the last S
-(``dist.servers``) parameter servers. Each process runs its role in a child process and restarts it
-in place when it dies (``async.restarts`` times), so one dead worker does not stop the others — the
-elastic agent, which restarts the whole group when any process fails, sees nothing. The roles find
-each other through the job's TCP store (the elastic agent's, or the one rank 0 hosts).
+Of the job's N processes (torchrun's RANK / WORLD_SIZE), S (``dist.servers``) are parameter servers,
+spread over the hosts (:func:`place`; on one host the last S ranks), and the others workers. Each
+process runs its role in a child process and restarts it in place when it dies
+(``async.restarts`` times), so one dead worker does not stop the others — the elastic agent, which
+restarts the whole group when any process fails, sees nothing. The roles find each other through
+the job's TCP store (the elastic agent's, or the one rank 0 hosts).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from vatra.errors import ConfigError, VatraError
 from vatra.rundir import RunDir
 
 FINAL = "final-model.pt"
+# How a role's child starts: a fresh interpreter, since forking a process that runs threads (the
+# launcher's, torch's) can deadlock; a test forks from a thread-free rank to skip the ~3 s imports.
+START_METHOD = "spawn"
 
 
 def job_store(timeout_s: float, *, host: bool) -> dist.Store:
@@ -89,6 +93,20 @@ def roles(cfg: Config, world: int) -> tuple[int, int]:
     return world - servers, servers
 
 
+def place(rank: int, world: int, per_host: int, servers: int) -> tuple[str, int]:
+    """Rank ``rank``'s role and index in a job of ``world`` ranks, ``per_host`` on each host (torchrun's
+    LOCAL_WORLD_SIZE; ranks numbered host by host). The servers take each host's last slot from the
+    last host back, then the slot before it, so no host gets a second server before every host has
+    one and the shards' traffic crosses as many links as it can; numbered by rank, as the workers."""
+    per_host = per_host if per_host > 0 and world % per_host == 0 else world
+    hosts = world // per_host
+    slots = [(hosts - 1 - p % hosts) * per_host + per_host - 1 - p // hosts for p in range(world)]
+    chosen = sorted(slots[:servers])
+    if rank in chosen:
+        return "server", chosen.index(rank)
+    return "worker", sum(1 for r in range(rank) if r not in chosen)
+
+
 def fit_async(
     cfg: Config,
     *,
@@ -106,7 +124,7 @@ def fit_async(
     # the Delta version, the folder and the drift check, as a synchronous run's; the roles get
     # the pinned config
     cfg, rd = prepare_run(cfg, StoreShare(store, rank, world), run_dir, data_given=train is not None)
-    role, index = ("worker", rank) if rank < workers else ("server", rank - workers)
+    role, index = place(rank, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)), cfg.dist.servers)
     objects = (model, train, val, loss, plugins)
     try:
         pickle.dumps(objects)
@@ -133,7 +151,7 @@ def supervise(cfg: Config, role: str, index: int, workers: int, rd: RunDir, obje
 
     The child leaves its one-line error through :mod:`vatra._child`, in a folder of this process's
     own (off the run folder, as the launcher's)."""
-    ctx = mp.get_context("spawn")
+    ctx: Any = mp.get_context(START_METHOD)  # a spawn or fork context (the stub types neither)
     with tempfile.TemporaryDirectory(prefix=f"vatra-{role}{index}-") as errors:
         for incarnation in range(cfg.async_.restarts + 1):
             proc = ctx.Process(

@@ -229,7 +229,8 @@ def _preflight(cfg: Config, world: int | None = None) -> Config:
 
     if world is not None:
         try:  # the workers' own checks, made once here so a mistake is one line before any starts
-            cfg.chaos.check_world_size(world)
+            async_servers = cfg.dist.servers if cfg.dist.mode == "async" else 0
+            cfg.chaos.check_world_size(world - async_servers)  # per-rank lists name the workers
             if cfg.balance.batches or cfg.balance.method != "off":
                 from vatra.engine.batches import balance_sizes  # torch: only when balancing
 

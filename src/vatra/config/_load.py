@@ -252,13 +252,18 @@ class Config(Section):
                 "and comm.topology = 'auto', or use dist.mode = 'diloco', whose pseudo-gradients go "
                 "through comm"
             )
-        if mode == "async" and (self.comm.method not in ("none", "fp16", "bf16") or hooked):
+        legacy = self.comm.method in ("fp16", "bf16")  # before dist.ps_wire, comm.method set the push dtype
+        if mode == "async" and (hooked or not (self.comm.method == "none" or legacy) or (
+            legacy and "ps_wire" in self.dist.model_fields_set and self.dist.ps_wire != self.comm.method
+        )):  # fmt: skip
             raise ValueError(
-                f"dist.mode = 'async' sends each worker's gradient to the servers in full precision or "
-                f"cast to half (comm.method none, fp16 or bf16), not {self.comm.method!r} over "
-                f"comm.topology {self.comm.topology!r}; set comm.method = 'fp16' (or 'none') and "
-                "comm.topology = 'auto'"
+                f"dist.mode = 'async' sends pushes and pulls as dist.ps_wire says ({self.dist.ps_wire!r}), "
+                f"not through comm.method {self.comm.method!r} over comm.topology {self.comm.topology!r}; "
+                "set comm.method = 'none', comm.topology = 'auto' and dist.ps_wire (fp32, fp16, bf16, "
+                "topk...)"
             )
+        if mode == "async" and legacy:
+            self.dist.ps_wire = self.comm.method
         if mode in ("diloco", "hybrid") and self.comm.method == "powersgd":
             raise ValueError(
                 f"dist.mode = {mode!r} with comm.method = 'powersgd': the pseudo-gradient is averaged once "

@@ -1,6 +1,6 @@
 """``dist.mode = "async"``: parameter servers that apply each worker's gradient when it arrives.
 
-The parameters are split by size over the servers (contiguous runs of tensors); server s holds its
+The parameters' elements are split evenly over the servers (:func:`split_even`); server s holds its
 shard as one flat fp32 vector with its own optimizer (``optim.*``) and a version counter, the number
 of updates it applied. A worker computes a gradient on the parameters it last received, pushes each
 shard's part to its server with the version it was computed on, and the reply carries the shard's
@@ -22,7 +22,8 @@ the worker's plugin).
 
 from __future__ import annotations
 
-from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, PUSH, WIRE, Link, PeerGone, Wire, publish_incarnation
+from vatra.asyncdp.ps.codec import Codec, PushEncoder, split_even
+from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, PUSH, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.server import Server
 from vatra.asyncdp.ps.shard import Reply, ShardServer, staleness_scale
 from vatra.asyncdp.ps.worker import AsyncWorker
@@ -32,14 +33,16 @@ __all__ = [
     "HEADER",
     "HELLO",
     "PUSH",
-    "WIRE",
     "AsyncWorker",
+    "Codec",
     "Link",
     "PeerGone",
+    "PushEncoder",
     "Reply",
     "Server",
     "ShardServer",
     "Wire",
     "publish_incarnation",
+    "split_even",
     "staleness_scale",
 ]

@@ -1,6 +1,6 @@
 """The parameter server's wire: one 2-rank gloo group per (server, worker) pair made through the
-job's TCP store under the two processes' incarnations, the message kinds, and how a shard's tensors
-are fused into messages."""
+job's TCP store under the two processes' incarnations, the message kinds, and how a shard's encoded
+bytes are cut into messages."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vatra.asyncdp.ps.codec import Codec
 from vatra.comm.batching import fuse_groups
+from vatra.config import CommConfig
 
 HELLO, PUSH, BYE = 1.0, 2.0, 3.0
 HEADER = 4  # float64: kind, version seen (or worker index), step, lr
-WIRE = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class PeerGone(RuntimeError):
@@ -88,26 +89,33 @@ def publish_incarnation(store: dist.Store, name: str, incarnation: int) -> None:
 
 
 class Wire:
-    """How a shard travels: its tensors fused into messages of at most ``bucket_bytes`` (a tensor
-    larger than that alone; a bucket size below the smallest tensor = one message per tensor)."""
+    """How a shard travels: :attr:`exact` (fp32: the starting values, a session's first pull and the
+    last) and :attr:`codec` (``dist.ps_wire``: pushes and the other pulls), each encoding cut into
+    messages of at most ``bucket_bytes`` between tensors (a tensor larger than that alone; a bucket
+    size below the smallest tensor = one message per tensor)."""
 
-    def __init__(self, numels: list[int], bucket_bytes: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, numels: list[int], bucket_bytes: int, wire: str, comm: CommConfig | None = None
+    ) -> None:
         self.numels = numels
-        self.dtype = dtype
-        probe = [torch.empty(n, dtype=dtype) for n in numels]
-        groups = fuse_groups(probe, bucket_bytes)
-        bounds = [0]
-        for n in numels:
-            bounds.append(bounds[-1] + n)
-        self.chunks = [(bounds[g[0]], bounds[g[-1] + 1]) for g in groups]  # element ranges of the shard
+        self.exact = Codec(numels, "fp32")
+        self.codec = self.exact if wire == "fp32" else Codec(numels, wire, comm)
+        self.chunks = {id(c): self._chunks(c, bucket_bytes) for c in (self.exact, self.codec)}
 
-    def send(self, link: Link, flat: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-        flat = flat.to(dtype or self.dtype)
-        for a, b in self.chunks:
-            link.send(flat[a:b])
+    @staticmethod
+    def _chunks(codec: Codec, bucket_bytes: int) -> list[tuple[int, int]]:
+        """Byte ranges of the messages: whole tensors' encodings fused up to ``bucket_bytes``."""
+        starts = [0, *codec.bounds[:-1]]
+        probe = [torch.empty(b - a, dtype=torch.uint8) for a, b in zip(starts, codec.bounds, strict=True)]
+        return [(starts[g[0]], codec.bounds[g[-1]]) for g in fuse_groups(probe, bucket_bytes)]
 
-    def recv(self, link: Link, out: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        buf = torch.empty(out.numel(), dtype=dtype or self.dtype)
-        for a, b in self.chunks:
+    def send(self, link: Link, buf: torch.Tensor, codec: Codec) -> None:
+        for a, b in self.chunks[id(codec)]:
+            link.send(buf[a:b])
+
+    def recv(self, link: Link, codec: Codec) -> torch.Tensor:
+        """The flat fp32 values the next message(s) of ``codec``'s encoding carry."""
+        buf = torch.empty(codec.nbytes, dtype=torch.uint8)
+        for a, b in self.chunks[id(codec)]:
             link.recv(buf[a:b])
-        return out.copy_(buf)
+        return codec.decode(buf)

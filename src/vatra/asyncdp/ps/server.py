@@ -12,7 +12,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, WIRE, Link, PeerGone, Wire, publish_incarnation
+from vatra.asyncdp.ps.link import BYE, HEADER, HELLO, Link, PeerGone, Wire, publish_incarnation
 from vatra.asyncdp.ps.shard import Reply, ShardServer
 from vatra.config import Config
 from vatra.errors import VatraError
@@ -44,6 +44,8 @@ class Server:
         self.timeout = timedelta(seconds=cfg.dist.timeout_s)
         self.shard: ShardServer | None = None
         self.wire: Wire | None = None
+        # per worker: the shard as that worker holds it (pulls send the change since; not on fp32)
+        self.copies: dict[int, torch.Tensor] = {}
         self.layout_lock = threading.Lock()
         self.done: set[int] = set()
         self.finished = threading.Condition()
@@ -118,7 +120,7 @@ class Server:
             if self.shard is None:
                 self.shard = ShardServer(sum(numels), self.cfg.optim, self.cfg.async_)
                 bucket = int(self.cfg.comm.bucket_mb * 2**20)
-                self.wire = Wire(numels, bucket, WIRE[self.cfg.comm.method])
+                self.wire = Wire(numels, bucket, self.cfg.dist.ps_wire, self.cfg.comm)
                 self.numels = numels
             elif numels != self.numels:
                 raise ValueError(f"a worker's shard layout {numels[:4]}... differs from {self.numels[:4]}...")
@@ -165,29 +167,39 @@ class Server:
             link.send(torch.tensor([float(shard.initialized), float(shard.version)], dtype=torch.float64))
             if not shard.initialized:
                 if worker == 0:
-                    shard.init(wire.recv(link, torch.empty(sum(numels)), torch.float32))
+                    shard.init(wire.recv(link, wire.exact))
                 shard.wait_initialized(self.timeout.total_seconds())
-            self._reply(link, shard.pull())
-            grad = torch.empty(sum(numels))
+            self._reply(link, shard.pull(), worker, exact=True)
             while True:
                 link.recv(header)
                 if header[0] == BYE:
                     self._finish(worker)
-                    self._reply(link, shard.pull())
+                    self._reply(link, shard.pull(), worker, exact=True)
                     return True
-                reply = shard.push(wire.recv(link, grad), int(header[1]), float(header[3]))
-                self._reply(link, reply)
+                reply = shard.push(wire.recv(link, wire.codec), int(header[1]), float(header[3]))
+                self._reply(link, reply, worker)
                 if reply.accepted:
                     self._after_update(shard, reply.version)
         except (RuntimeError, dist.DistError) as exc:
             self.run_dir.log_event("async_link_lost", server=self.index, worker=worker, error=str(exc)[:200])
             return False
 
-    def _reply(self, link: Link, reply: Reply) -> None:
-        assert self.wire is not None
+    def _reply(self, link: Link, reply: Reply, worker: int, exact: bool = False) -> None:
+        """The reply's header and the shard: exact (fp32, and the worker's copy starts over), or the
+        change since the worker's copy through ``dist.ps_wire`` (what it drops goes with the next)."""
+        wire = self.wire
+        assert wire is not None
         head = torch.tensor([float(reply.accepted), float(reply.staleness), float(reply.version)])
         link.send(head.to(torch.float64))
-        self.wire.send(link, reply.params, torch.float32)
+        if exact or wire.codec.exact:
+            wire.send(link, wire.exact.encode(reply.params)[0], wire.exact)
+            if not wire.codec.exact:
+                self.copies[worker] = reply.params.clone()
+            return
+        copy = self.copies[worker]
+        buf, seen = wire.codec.encode(reply.params - copy)
+        copy += seen
+        wire.send(link, buf, wire.codec)
 
     def _after_update(self, shard: ShardServer, version: int) -> None:
         if self.save_every and version - self.saved_version >= self.save_every:

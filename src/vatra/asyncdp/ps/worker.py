@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from vatra._io import atomic_write
-from vatra.asyncdp.diloco import split_fragments
-from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, WIRE, Link, Wire, publish_incarnation
+from vatra.asyncdp.ps.codec import Piece, PushEncoder, split_even
+from vatra.asyncdp.ps.link import BYE, HELLO, PUSH, Link, Wire, publish_incarnation
 from vatra.config import Config
 from vatra.engine import Plugin
 from vatra.resilience.snapshot import load_rank_state, rank_state
@@ -42,8 +42,10 @@ class AsyncWorker(Plugin):
         self.run_dir, self.incarnation = run_dir, incarnation
         self.timeout = timedelta(seconds=cfg.dist.timeout_s)
         self.links: list[Link] = []
-        self.shards: list[list[int]] = []
+        self.shards: list[list[Piece]] = []
         self.wires: list[Wire] = []
+        self.encoders: list[PushEncoder] = []
+        self.copies: list[torch.Tensor] = []  # each shard as this worker holds it
         self.params: list[torch.Tensor] = []
         self.versions: list[int] = []
         self.histogram: Counter[int] = Counter()
@@ -56,10 +58,12 @@ class AsyncWorker(Plugin):
     def on_fit_start(self, trainer: Trainer) -> None:
         self.index = w = trainer.dist.rank
         self.params = [p for p in trainer.trainable.parameters() if p.requires_grad]
-        self.shards = split_fragments([p.numel() for p in self.params], self.servers)
+        self.shards = split_even([p.numel() for p in self.params], self.servers)
         bucket = int(self.cfg.comm.bucket_mb * 2**20)
-        dtype = WIRE[self.cfg.comm.method]
-        self.wires = [Wire([self.params[i].numel() for i in s], bucket, dtype) for s in self.shards]
+        wire, comm = self.cfg.dist.ps_wire, self.cfg.comm
+        self.wires = [Wire([b - a for _, a, b in s], bucket, wire, comm) for s in self.shards]
+        self.encoders = [PushEncoder(w.codec) for w in self.wires]
+        self.copies = [torch.zeros(sum(w.numels)) for w in self.wires]
         self.own = self.run_dir.checkpoints / "async" / f"worker-{w}.pt"
         if self.own.exists():  # a restart: this worker's own position; the parameters come from the servers
             load_rank_state(trainer, self.own.read_bytes())
@@ -78,17 +82,20 @@ class AsyncWorker(Plugin):
             self._hello(s)
 
     def _flat(self, s: int, grads: bool) -> torch.Tensor:
-        ts = [self.params[i].grad if grads else self.params[i].detach() for i in self.shards[s]]
-        return torch.cat([torch.zeros_like(self.params[i]).reshape(-1) if t is None else t.reshape(-1)
-                          for i, t in zip(self.shards[s], ts, strict=True)])  # fmt: skip
+        """Shard s of the gradients (a missing one as zeros) or of the parameters, flat."""
+        out = []
+        for i, a, b in self.shards[s]:
+            p = self.params[i]
+            t = p.grad if grads else p.detach()
+            out.append(torch.zeros(b - a) if t is None else t.reshape(-1)[a:b])
+        return torch.cat(out)
 
     def _load(self, s: int, flat: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
-            for i in self.shards[s]:
-                p = self.params[i]
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for i, a, b in self.shards[s]:
+                self.params[i].view(-1)[a:b].copy_(flat[offset : offset + b - a])
+                offset += b - a
 
     def _hello(self, s: int) -> None:
         """Open a session with server s: the shard's layout, worker 0's starting values if the server
@@ -99,14 +106,18 @@ class AsyncWorker(Plugin):
         link.send(torch.tensor(wire.numels, dtype=torch.int64))
         state = link.recv(torch.zeros(2, dtype=torch.float64))
         if not state[0] and self.index == 0:
-            wire.send(link, self._flat(s, grads=False), torch.float32)
-        self._take_reply(s)
+            wire.send(link, wire.exact.encode(self._flat(s, grads=False))[0], wire.exact)
+        self._take_reply(s, exact=True)
 
-    def _take_reply(self, s: int) -> tuple[bool, int]:
+    def _take_reply(self, s: int, exact: bool = False) -> tuple[bool, int]:
+        """The reply's header and the shard: exact, or the change since this worker's copy."""
         link, wire = self.links[s], self.wires[s]
         head = link.recv(torch.zeros(3, dtype=torch.float64))
-        flat = wire.recv(link, torch.empty(sum(wire.numels)), torch.float32)
-        self._load(s, flat)
+        if exact or wire.codec.exact:
+            self.copies[s] = wire.recv(link, wire.exact)
+        else:
+            self.copies[s] += wire.recv(link, wire.codec)
+        self._load(s, self.copies[s])
         self.versions[s] = int(head[2])
         return bool(head[0]), int(head[1])
 
@@ -119,10 +130,12 @@ class AsyncWorker(Plugin):
             head = [kind, float(self.versions[s]), float(trainer.state.step), lr]
             link.send(torch.tensor(head, dtype=torch.float64))
             if kind == PUSH:
-                self.wires[s].send(link, self._flat(s, grads=True))
-            return self._take_reply(s)
+                wire = self.wires[s]
+                wire.send(link, self.encoders[s].encode(self._flat(s, grads=True)), wire.codec)
+            return self._take_reply(s, exact=kind == BYE)
         except (RuntimeError, dist.DistError) as exc:
             trainer.log_event("async_link_lost", server=s, worker=self.index, error=str(exc)[:200])
+            self.encoders[s].forget()
             link.reconnect()
             self._hello(s)
             if kind == BYE:
@@ -144,7 +157,7 @@ class AsyncWorker(Plugin):
         sent = sum(link.sent for link in self.links) - before
         self.total_sent += sent
         self.total_refused += refused
-        pulled = sum(sum(w.numels) * 4 for w in self.wires)
+        pulled = sum(w.codec.nbytes for w in self.wires)
         self.step_stats = {
             "staleness": staleness,
             "refused": refused,
