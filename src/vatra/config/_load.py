@@ -20,6 +20,7 @@ from vatra.config._energy import EnergyConfig
 from vatra.config._federated import FederatedConfig
 from vatra.config._live import ResilienceConfig, check_live, check_live_run
 from vatra.config._meta import MetaConfig
+from vatra.config._modes import check_dist_mode
 from vatra.config._monitor import HealConfig, MonitorConfig
 from vatra.config._parallel import ParallelConfig
 from vatra.config._resilience import CheckpointConfig, StoreConfig
@@ -235,41 +236,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _dist_mode(self) -> Config:
-        mode = self.dist.mode
-        if mode == "sync":
-            return self
-        if self.balance.method != "off":
-            raise ValueError(
-                f"dist.mode = {mode!r}: every rank takes the same number of local steps on batches of "
-                "train.batch_size, so uneven per-rank batches do not apply; set balance.method = 'off' "
-                "(diloco.adaptive_steps gives a slow rank fewer local steps instead)"
-            )
-        hooked = self.comm.topology in ("ring", "hierarchical")
-        if mode == "local_sgd" and (self.comm.method != "none" or hooked):
-            raise ValueError(
-                "dist.mode = 'local_sgd' averages parameters with torch's model averager (and DDP's own "
-                "all-reduce during local_sgd.warmup_steps), without comm's hooks; set comm.method = 'none' "
-                "and comm.topology = 'auto', or use dist.mode = 'diloco', whose pseudo-gradients go "
-                "through comm"
-            )
-        legacy = self.comm.method in ("fp16", "bf16")  # before dist.ps_wire, comm.method set the push dtype
-        if mode == "async" and (hooked or not (self.comm.method == "none" or legacy) or (
-            legacy and "ps_wire" in self.dist.model_fields_set and self.dist.ps_wire != self.comm.method
-        )):  # fmt: skip
-            raise ValueError(
-                f"dist.mode = 'async' sends pushes and pulls as dist.ps_wire says ({self.dist.ps_wire!r}), "
-                f"not through comm.method {self.comm.method!r} over comm.topology {self.comm.topology!r}; "
-                "set comm.method = 'none', comm.topology = 'auto' and dist.ps_wire (fp32, fp16, bf16, "
-                "topk...)"
-            )
-        if mode == "async" and legacy:
-            self.dist.ps_wire = self.comm.method
-        if mode in ("diloco", "hybrid") and self.comm.method == "powersgd":
-            raise ValueError(
-                f"dist.mode = {mode!r} with comm.method = 'powersgd': the pseudo-gradient is averaged once "
-                "per round, where PowerSGD's warm-started factors do not carry over; use fp16, bf16, topk, "
-                "randomk, onebit or qsgd"
-            )
+        check_dist_mode(self)
         return self
 
 
