@@ -284,3 +284,12 @@ def test_a_sigkill_with_the_memory_gone_reads_as_the_oom_killer_and_with_memory_
     assert classify(Evidence(**killed, mem_available_frac=0.01))["kind"] == "oom"
     assert classify(Evidence(**killed, mem_available_frac=0.6))["kind"] == "dead_node"
     assert classify(Evidence(exit_code=1))["kind"] == "unknown"
+
+
+def test_a_sigkill_after_a_skipped_nan_step_is_the_kill_not_the_nan() -> None:
+    # the live-recovery benchmark's restart arm: skip_spike skipped a NaN step, then rank 1 was SIGKILLed
+    skipped = {"event": "heal", "action": "skip_update", "reason": "non-finite gradient norm", "step": 90}
+    recent = [{"step": 90, "loss": float("nan")}]
+    killed = Evidence(signal="SIGKILL", rank=1, events=[skipped], recent=recent, mem_available_frac=0.6)
+    assert classify(killed)["kind"] == "dead_node"
+    assert classify(Evidence(events=[skipped], recent=recent))["kind"] == "nan"

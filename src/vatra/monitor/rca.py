@@ -198,6 +198,8 @@ def _preemption(ev: Evidence) -> tuple[float, list[str]] | None:
 def _nan(ev: Evidence) -> tuple[float, list[str]] | None:
     if _NAN.search(ev.error):
         return 0.85, [f"error: {_quote(ev.error, _NAN)}"]
+    if ev.signal in _FATAL_SIGNALS:  # killed from outside: a NaN skipped just before did not send the signal
+        return None
     bad = [
         m["step"]
         for m in ev.recent
