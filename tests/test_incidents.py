@@ -45,8 +45,7 @@ def test_two_host_faults_in_an_hour_exclude_the_host_and_user_errors_do_not(tmp_
     assert decision.host == "10.213.0.1" and decision.excluded
     assert [i["cause"] for i in decision.incidents] == ["dead_node", "dead_node"]
     assert decision.line() == (
-        "incidents: host 10.213.0.1 failed 2 times in the last hour (dead node, dead node): "
-        "excluded from this launch"
+        "incidents: host 10.213.0.1 failed 2 times in the last hour (dead node ×2): excluded from this launch"
     )
     assert later == []
     assert not alone[0].excluded and "launching on it as asked" in alone[0].line()
@@ -69,4 +68,4 @@ def test_the_cluster_launches_on_the_hosts_left_with_the_rendezvous_on_the_first
     flags = dict(zip(argv[::2], argv[1::2], strict=False)) | dict(zip(argv[1::2], argv[2::2], strict=False))
     assert flags["--nnodes"] == "2" and flags["--node-rank"] == "1"
     assert flags["--rdzv-endpoint"].startswith("10.213.0.2:")
-    assert "host 10.213.0.1 failed 2 times in the last hour (oom, oom): excluded" in capsys.readouterr().out
+    assert "host 10.213.0.1 failed 2 times in the last hour (oom ×2): excluded" in capsys.readouterr().out

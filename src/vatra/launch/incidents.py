@@ -24,6 +24,7 @@ import json
 import os
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,8 @@ class Decision:
     excluded: bool
 
     def line(self) -> str:
-        causes = ", ".join(str(i.get("cause")).replace("_", " ") for i in self.incidents)
+        counts = Counter(str(i.get("cause")).replace("_", " ") for i in self.incidents)
+        causes = ", ".join(f"{cause} ×{n}" if n > 1 else cause for cause, n in counts.most_common())
         said = f"incidents: host {self.host} failed {len(self.incidents)} times in the last hour ({causes})"
         if self.excluded:
             return f"{said}: excluded from this launch"
