@@ -84,10 +84,8 @@ def write_plot(report: dict[str, Any], path: Path) -> bool:
             for v in variants:
                 mark = "*" if v["variant"] == report["chosen"] else "o"
                 ax.scatter(x_of(v), v[key], marker=mark, s=90 if mark == "*" else 30)
-                label = f"{v['stage']}: {v['variant'].rsplit('/', 1)[-1]}"  # a compared run's rows: prefixed
-                ax.annotate(label, (x_of(v), v[key]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-                    v["variant"], (x_of(v), v[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
-                )
+                name = f"{v['stage']}: {v['variant'].rsplit('/', 1)[-1]}"  # a compared run's: prefixed
+                ax.annotate(name, (x_of(v), v[key]), fontsize=7, xytext=(3, 3), textcoords="offset points")
             ax.set_xscale("log")
             ax.set_xlabel(label)
             ax.set_ylabel(f"validation {key}")
