@@ -188,7 +188,9 @@ def pte_runner(path: Path) -> Runner:
     """Scores through the ExecuTorch runtime (the XNNPACK delegate on the CPU), inputs ``x`` then ``ids``."""
     import torch
 
-    runtime = require("executorch.runtime", "executorch", "scoring an ExecuTorch (.pte) model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExecuTorch's pybindings warn that the API is experimental
+        runtime = require("executorch.runtime", "executorch", "scoring an ExecuTorch (.pte) model")
     try:
         method = runtime.Runtime.get().load_program(path).load_method("forward")
     except Exception as err:  # the runtime's own errors for a file that is no ExecuTorch program
