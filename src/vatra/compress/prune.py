@@ -148,11 +148,12 @@ def structured_masks(model: nn.Module, sparsity: float) -> dict[nn.Parameter, to
             continue
         rows = torch.zeros(producer.weight.shape[0], dtype=producer.weight.dtype)
         rows[keep] = 1.0
-        pairs = [(producer.weight, rows.view(-1, *[1] * (producer.weight.dim() - 1)))]
+        pairs = [(cast(nn.Parameter, producer.weight), rows.view(-1, *[1] * (producer.weight.dim() - 1)))]
         if producer.bias is not None:
-            pairs.append((producer.bias, rows))
+            pairs.append((cast(nn.Parameter, producer.bias), rows))
         for consumer in consumers:
-            pairs.append((consumer.weight, rows.view(1, -1, *[1] * (consumer.weight.dim() - 2))))
+            weight = cast(nn.Parameter, consumer.weight)
+            pairs.append((weight, rows.view(1, -1, *[1] * (weight.dim() - 2))))
         for param, factor in pairs:
             mask = masks.get(param, torch.ones_like(param)) * factor
             masks[param] = mask

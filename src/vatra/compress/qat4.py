@@ -37,9 +37,8 @@ def int4w_config(step: str | None) -> Any:
         from torchao.quantization.granularity import PerGroup
         from torchao.quantization.qat import QATConfig
 
-    base = Int8DynamicActivationIntxWeightConfig(
-        weight_dtype=torch.int4, weight_granularity=PerGroup(INT4_GROUP)
-    )
+    int4 = torch.int4  # type: ignore[attr-defined]  # a sub-byte dtype the type stubs lack
+    base = Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(INT4_GROUP))
     return base if step is None else QATConfig(base, step=step)
 
 

@@ -89,7 +89,7 @@ def _pt2e_int8(
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=quant == "dynamic")
-    prepared = prepare_pt2e(program.module(), XNNPACKQuantizer().set_global(config))  # type: ignore[arg-type]
+    prepared = prepare_pt2e(program.module(), XNNPACKQuantizer().set_global(config))
     n = min(CALIBRATION_ROWS, len(next(iter(calibration.values()))))
     with torch.no_grad():
         prepared(*(torch.from_numpy(v[:n]) for v in calibration.values()))  # observers see the rows
