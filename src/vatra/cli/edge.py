@@ -61,7 +61,7 @@ def export(
     """Write the run's model as a model folder for the target (vatra.load reads it), quantized and
     pruned as asked, with edge-report.json: size, p50/p95 latency at batch 1 on one thread and at
     --batch, and validation score, for fp32 and each variant, the share of the PTQ drop QAT
-    recovers, and edge-plot.png."""
+    recovers, and a plot (edge-plot.png)."""
     from vatra.edge import Recipe, edge_export
 
     quant = quant or ("none" if target == "torchscript" else "dynamic")
