@@ -172,3 +172,48 @@ def test_a_cnn_loses_channels_and_still_trains() -> None:
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.slow(15)  # a cnn trained on PNG files, then exported and measured
+def test_a_cnn_pruned_in_training_on_an_image_folder_exports_smaller(tmp_path: Path) -> None:
+    # Prepare: 10 classes × 12 PNG images (8×8 grayscale, each class its own bright pixel)
+    from PIL import Image
+
+    import vatra
+    from vatra.edge import Recipe, edge_export
+
+    rng = np.random.default_rng(0)
+    for c in range(10):
+        (tmp_path / "img" / str(c)).mkdir(parents=True)
+        for i in range(12):
+            pixels = rng.integers(0, 60, (8, 8), dtype=np.uint8)
+            pixels[c % 8, c // 8 * 4 + 2] = 255
+            Image.fromarray(pixels, mode="L").save(tmp_path / "img" / str(c) / f"{i}.png")
+    data = {"name": "images", "path": str(tmp_path / "img"), "image_size": [8, 8], "image_mode": "L"}
+    edge = {"prune": "structured", "sparsity": 0.5, "prune_schedule": "oneshot", "prune_start_step": 5}
+    cfg = small_config(
+        run={"out_dir": str(tmp_path / "runs")},
+        data=data | {"val_fraction": 0.25},
+        model={"name": "cnn", "channels": [8, 16]},
+        train={"steps": 20, "batch_size": 16},
+        optim={"name": "adamw", "lr": 0.01},
+        edge=edge,
+    )
+    result = vatra.fit(cfg)
+    # Execute: the export removes the channels training held at zero
+    folder, report = edge_export(
+        result.run_dir, tmp_path / "m", "onnx", Recipe("none", "structured", 0.5), calls=5
+    )
+    # Assert: half the channels of each conv gone (counted), outputs the trained model's
+    fp32, pruned = report["variants"]
+    full = (1 * 8 * 9 + 8) + (8 * 16 * 9 + 16) + (16 * 10 + 10)
+    assert fp32["parameters"] == full
+    assert (
+        pruned["parameters"]
+        == pruned["nonzero_parameters"]
+        == (1 * 4 * 9 + 4) + (4 * 8 * 9 + 8) + (8 * 10 + 10)
+    )
+    assert pruned["size_bytes"] < 0.5 * fp32["size_bytes"]
+    assert pruned["accuracy"] == fp32["accuracy"]  # removing zeroed channels changes no output
+    assert pruned["max_abs_diff_vs_fp32"] < 1e-4
+    assert vatra.load(folder).meta["weights"] == "onnx"
