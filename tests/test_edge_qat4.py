@@ -213,7 +213,7 @@ def test_a_cnn_pruned_in_training_on_an_image_folder_exports_smaller(tmp_path: P
         == pruned["nonzero_parameters"]
         == (1 * 4 * 9 + 4) + (4 * 8 * 9 + 8) + (8 * 10 + 10)
     )
-    assert pruned["size_bytes"] < 0.5 * fp32["size_bytes"]
+    assert pruned["size_bytes"] < 0.6 * fp32["size_bytes"]  # 30 % of the parameters, plus the graph
     assert pruned["accuracy"] == fp32["accuracy"]  # removing zeroed channels changes no output
     assert pruned["max_abs_diff_vs_fp32"] < 1e-4
     assert vatra.load(folder).meta["weights"] == "onnx"
