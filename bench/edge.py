@@ -140,10 +140,11 @@ def bench_model(name: str, calls: int, executorch: bool) -> list[dict[str, Any]]
         sparsity = {"s80": 0.8, "s80+qat8": 0.8}
         n = iter(range(1000))
 
-        def add(label: str, run: str, target: str, quant: str = "none", stage: str = "") -> None:
-            row = measure_variant(
-                runs[run], folder / f"v{next(n)}", target, quant, sparsity.get(run, 0.0), calls
-            )
+        def add(
+            label: str, run: str, target: str, quant: str = "none", stage: str = "", cut: float = 0.0
+        ) -> None:
+            s = cut or sparsity.get(run, 0.0)
+            row = measure_variant(runs[run], folder / f"v{next(n)}", target, quant, s, calls)
             rows.append(row | {"label": label, "run": run, "backend": target, "stage": stage, "model": name})
 
         add("PyTorch fp32 (pt2)", "fp32", "pt2", stage="fp32")
