@@ -198,6 +198,13 @@ def pte_runner(path: Path) -> Runner:
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
         args = [torch.from_numpy(np.ascontiguousarray(inputs[k])) for k in ("x", "ids") if k in inputs]
-        return np.asarray(method.execute(args)[0].float().numpy())
+        try:
+            return np.asarray(method.execute(args)[0].float().numpy())
+        except RuntimeError as err:  # the runtime logs the cause (a bounded input it cannot resize)
+            raise ConfigError(
+                f"ExecuTorch refused {len(args[0])} rows at once for {path} ({err}); a lowered conv "
+                "net accepts few rows (15 for the cnn here): score it in smaller batches, or use "
+                "--target onnx"
+            ) from None
 
     return run
