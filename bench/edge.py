@@ -1,23 +1,19 @@
-"""Edge models: size, latency and accuracy of fp32, PTQ int8 (torchao, ONNX Runtime), QAT and pruned variants.
+"""Edge models: size, latency and accuracy of fp32, PTQ (torchao, ORT, ExecuTorch), QAT, structured pruning.
 
-  python bench/edge.py [--calls 200] [--only digits|cancer]
+  python bench/edge.py [--calls 200] [--only digits|images|cancer] [--no-executorch]
 
-Two models, each trained in this process: the digits MLP (64 → 256 → 256 → 10, scikit-learn's 8×8
-digits) and an MLP (30 → 64 → 64 → 2) on the tabular example's breast-cancer table. Per model, runs:
-fp32; QAT (``edge.qat = "int8"``, float warm-up for the first half); magnitude pruning to 80 %
-trained in (gradual schedule over the first half); 80 % pruned + QAT. Each is exported with ``vatra edge
-export`` and measured as loaded (one thread; p50/p95 of ``--calls`` calls at batch 1; the
-validation rows' accuracy):
-
-* PyTorch fp32 (``pt2``: torch.export of the float model): the baseline a user has;
-* ONNX Runtime fp32, int8 dynamic, int8 static (calibrated on the validation rows);
-* torchao int8 dynamic and static (``pt2``);
-* structured pruning one-shot at export (50 / 80 / 90 % of hidden neurons removed, no fine-tuning);
-* the QAT and pruned runs as ORT int8 dynamic (and QAT as torchao int8).
-
-Size: the weights file; ``gz``: the file gzip-compressed (what unstructured zeros save on the wire
-or on disk, as a dense file keeps them). "recovered": torchao's measure for QAT, the share of the
-PTQ accuracy drop QAT wins back, (QAT − PTQ) / (fp32 − PTQ); n/a when PTQ lost nothing.
+Three models, each trained in this process: the digits MLP (64 → 256 → 256 → 10, scikit-learn's
+8×8 digits), a small CNN (conv 16 → conv 32 → global pool → 10) on an image folder of PNG files
+decoded with PIL (``data.name = "images"``; the bench writes the digits as 8×8 grayscale PNGs,
+one folder per class, as no image set ships), and an MLP (30 → 64 → 64 → 2) on the tabular
+example's breast-cancer table. Runs per model: fp32; QAT int8 (``edge.qat = "int8"``) and QAT
+int4w (torchao's QATConfig), both after a float warm-up of half the steps; structured pruning of
+80 % of the hidden neurons or channels, gradual over the first half and fine-tuned after; 80 %
+structured + QAT int8; and 50 / 80 / 90 % structured one-shot at export from the fp32 run (no
+fine-tuning: what the cut alone costs). Each variant is written as ``vatra edge export`` writes it (the
+structured runs with their zeroed neurons removed) and measured as loaded: weights file size (gz:
+gzip-compressed), p50/p95 of ``--calls`` calls at batch 1 on one thread, validation accuracy.
+"recovered": torchao's measure, (QAT − PTQ) / (fp32 − PTQ), n/a when PTQ lost nothing.
 """
 
 from __future__ import annotations
@@ -29,23 +25,42 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from _common import print_table, write_result
 
-STEPS = {"digits": 200, "cancer": 100}
+STEPS = {"digits": 150, "images": 100, "cancer": 100}
+HALF = {k: v // 2 for k, v in STEPS.items()}
+
+
+def write_images(folder: Path) -> Path:
+    """scikit-learn's digits as 8×8 grayscale PNGs, ``root/<digit>/<i>.png``."""
+    from PIL import Image
+
+    from vatra.data.stratify import bundled_digits
+
+    x, y = bundled_digits()  # (1797, 64) in [0, 16], (1797,)
+    root = folder / "digits-png"
+    for i, (pixels, label) in enumerate(zip(x, y, strict=True)):
+        (root / str(label)).mkdir(parents=True, exist_ok=True)
+        img = Image.fromarray((pixels.reshape(8, 8) * (255 / 16)).astype(np.uint8), mode="L")
+        img.save(root / str(label) / f"{i}.png")
+    return root
 
 
 def data_config(name: str, folder: Path) -> dict[str, Any]:
     if name == "digits":
         return {"data": {"name": "digits"}, "model": {"name": "mlp", "hidden": [256, 256]}}
-    from sklearn.datasets import load_breast_cancer
-
-    bunch = load_breast_cancer()  # the table examples/tabular/make_data.py writes
-    columns = {n.replace(" ", "_"): bunch.data[:, i] for i, n in enumerate(bunch.feature_names)}
-    columns["diagnosis"] = [str(bunch.target_names[t]) for t in bunch.target]
-    pq.write_table(pa.table(columns), folder / "cancer.parquet")
+    if name == "images":
+        data = {
+            "name": "images",
+            "path": str(folder / "digits-png"),
+            "image_size": [8, 8],
+            "image_mode": "L",
+        }
+        return {"data": data | {"val_fraction": 0.2}, "model": {"name": "cnn", "channels": [16, 32]}}
     data = {
         "name": "table",
         "path": str(folder / "cancer.parquet"),
@@ -55,14 +70,22 @@ def data_config(name: str, folder: Path) -> dict[str, Any]:
     return {"data": data, "model": {"name": "mlp", "hidden": [64, 64]}}
 
 
+def write_table(folder: Path) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    bunch = load_breast_cancer()  # the table examples/tabular/make_data.py writes
+    columns = {n.replace(" ", "_"): bunch.data[:, i] for i, n in enumerate(bunch.feature_names)}
+    columns["diagnosis"] = [str(bunch.target_names[t]) for t in bunch.target]
+    pq.write_table(pa.table(columns), folder / "cancer.parquet")
+
+
 def train(name: str, folder: Path, edge: dict[str, Any]) -> Path:
     import vatra
 
-    steps = STEPS[name]
     cfg = {
         "run": {"progress": "off", "tensorboard": False, "out_dir": str(folder / "runs")},
         **data_config(name, folder),
-        "train": {"steps": steps, "batch_size": 64, "eval_every": 0},
+        "train": {"steps": STEPS[name], "batch_size": 64, "eval_every": 0},
         "optim": {"name": "adamw", "lr": 0.003},
         "monitor": {"report": False},
         "edge": edge,
@@ -70,91 +93,127 @@ def train(name: str, folder: Path, edge: dict[str, Any]) -> Path:
     return vatra.fit(cfg).run_dir
 
 
-def variants(run: Path, out: Path, target: str, quant: str, prune: str, sparsity: float, calls: int) -> list:
-    from vatra.edge import Recipe, edge_export
+def measure_variant(run: Path, folder: Path, target: str, quant: str, sparsity: float, calls: int) -> dict:
+    """One variant written as ``vatra edge export`` writes it, measured as loaded."""
+    from vatra.edge.export import Recipe, variant_runner, write_variant
+    from vatra.edge.measure import measure, validation_rows
+    from vatra.serve.folder import WEIGHTS
+    from vatra.serve.weights import load_run_model
 
-    _, report = edge_export(run, out, target, Recipe(quant, prune, sparsity), calls=calls)
-    for v in report["variants"]:
-        v["gz_bytes"] = None
-    chosen = out / ("model.onnx" if target == "onnx" else "model.pt2")
-    report["variants"][-1]["gz_bytes"] = len(gzip.compress(chosen.read_bytes()))
-    return report["variants"]
+    rm = load_run_model(run)
+    rows = validation_rows(rm, run)
+    recipe = Recipe(quant, "structured" if sparsity else "none", sparsity)
+    start = time.perf_counter()
+    out = write_variant(rm, run, recipe, target, rows, folder)
+    written = time.perf_counter() - start
+    weights = out / WEIGHTS[target]
+    size = weights.stat().st_size
+    row = measure(variant_runner(out), rows, rm.cfg.train.task, size, batch=32, calls=calls, reference=None)
+    import json
+
+    edge = json.loads((out / "vatra-model.json").read_text())["edge"]
+    return row | {"gz_bytes": len(gzip.compress(weights.read_bytes())), "write_s": written} | edge
 
 
-def bench_model(name: str, calls: int) -> list[dict[str, Any]]:
+def bench_model(name: str, calls: int, executorch: bool) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="vatra-edge-bench-") as tmp:
         folder = Path(tmp)
-        data_config(name, folder)  # writes the table once
-        half = STEPS[name] // 2
-        pruned = {"prune": "magnitude", "sparsity": 0.8, "prune_end_step": half}
+        if name == "images":
+            write_images(folder)
+        if name == "cancer":
+            write_table(folder)
+        half = HALF[name]
+
+        def structured(s: float) -> dict[str, Any]:
+            return {"prune": "structured", "sparsity": s, "prune_end_step": half, "prune_every": 10}
+
+        start = time.perf_counter()
         runs = {
             "fp32": train(name, folder, {}),
-            "qat": train(name, folder, {"qat": "int8", "qat_start_step": half}),
-            "mag80": train(name, folder, pruned),
-            "mag80+qat": train(name, folder, {**pruned, "qat": "int8", "qat_start_step": half}),
+            "qat8": train(name, folder, {"qat": "int8", "qat_start_step": half}),
+            "qat4": train(name, folder, {"qat": "int4w", "qat_start_step": half}),
+            "s80": train(name, folder, structured(0.8)),
+            "s80+qat8": train(name, folder, {**structured(0.8), "qat": "int8", "qat_start_step": half}),
         }
+        train_s = time.perf_counter() - start
+        sparsity = {"s80": 0.8, "s80+qat8": 0.8}
         n = iter(range(1000))
 
         def add(
-            label: str, run: str, target: str, quant: str = "none", prune: str = "none", s: float = 0.0
+            label: str, run: str, target: str, quant: str = "none", stage: str = "", cut: float = 0.0
         ) -> None:
-            got = variants(runs[run], folder / f"out{next(n)}", target, quant, prune, s, calls)
-            row = got[-1]  # the asked-for variant (fp32 first)
-            row["label"], row["run"], row["backend"] = label, run, target
-            rows.append(row)
+            s = cut or sparsity.get(run, 0.0)
+            row = measure_variant(runs[run], folder / f"v{next(n)}", target, quant, s, calls)
+            rows.append(row | {"label": label, "run": run, "backend": target, "stage": stage, "model": name})
 
-        add("PyTorch fp32", "fp32", "pt2")
-        add("ORT fp32", "fp32", "onnx")
-        add("ORT int8 dynamic", "fp32", "onnx", "dynamic")
-        add("ORT int8 static", "fp32", "onnx", "static")
-        add("torchao int8 dynamic", "fp32", "pt2", "dynamic")
-        add("torchao int8 static", "fp32", "pt2", "static")
-        add("QAT → torchao int8", "qat", "pt2", "dynamic")
-        add("QAT → ORT int8", "qat", "onnx", "dynamic")
-        for s in (0.5, 0.8, 0.9):
-            add(f"structured {int(s * 100)} % (one-shot) ORT fp32", "fp32", "onnx", "none", "structured", s)
-        add("magnitude 80 % (trained) ORT fp32", "mag80", "onnx")
-        add("magnitude 80 % + QAT → ORT int8", "mag80+qat", "onnx", "dynamic")
-        add("magnitude 80 % + QAT → torchao int8", "mag80+qat", "pt2", "dynamic")
-    for r in rows:
-        r["model"] = name
+        add("PyTorch fp32 (pt2)", "fp32", "pt2", stage="fp32")
+        add("ORT fp32", "fp32", "onnx", stage="fp32")
+        add("ORT int8 dynamic (PTQ)", "fp32", "onnx", "dynamic", "PTQ")
+        add("ORT int8 static (PTQ)", "fp32", "onnx", "static", "PTQ")
+        add("torchao int8 dynamic (PTQ, pt2)", "fp32", "pt2", "dynamic", "PTQ")
+        add("torchao int4w (PTQ, pt2)", "fp32", "pt2", "int4w", "PTQ")
+        add("QAT int8 → torchao int8", "qat8", "pt2", "dynamic", "QAT")
+        add("QAT int8 → ORT int8", "qat8", "onnx", "dynamic", "QAT")
+        add("QAT int4w → torchao int4w", "qat4", "pt2", "int4w", "QAT")
+        for cut in (0.5, 0.8, 0.9):
+            add(
+                f"structured {cut:.0%} one-shot, no fine-tuning, ORT fp32",
+                "fp32",
+                "onnx",
+                stage="pruned",
+                cut=cut,
+            )
+        add("structured 80% gradual + fine-tuned ORT fp32", "s80", "onnx", stage="pruned")
+        add("structured 80% + QAT int8 → ORT int8", "s80+qat8", "onnx", "dynamic", "pruned + QAT")
+        if executorch:
+            add("ExecuTorch fp32 (XNNPACK)", "fp32", "executorch", stage="fp32")
+            add("ExecuTorch int8 dynamic (PTQ)", "fp32", "executorch", "dynamic", "PTQ")
+            add("QAT int4w → ExecuTorch int4w", "qat4", "executorch", "int4w", "QAT")
+            add(
+                "structured 80 % + QAT int8 → ExecuTorch int8",
+                "s80+qat8",
+                "executorch",
+                "dynamic",
+                "pruned + QAT",
+            )
+        for r in rows:
+            r["train_s_all_runs"] = train_s
     return rows
+
+
+def recovered(rows: list[dict[str, Any]], ptq: str, qat: str) -> str:
+    by = {r["label"]: r["accuracy"] for r in rows}
+    drop = by["PyTorch fp32 (pt2)"] - by[ptq]
+    if drop == 0:
+        return "n/a (PTQ lost nothing)"
+    return f"{100 * (by[qat] - by[ptq]) / drop:.0f} %"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--only", choices=sorted(STEPS), default=None)
+    parser.add_argument("--no-executorch", action="store_true")
     args = parser.parse_args()
     start = time.perf_counter()
     all_rows: list[dict[str, Any]] = []
     for name in [args.only] if args.only else list(STEPS):
-        rows = bench_model(name, args.calls)
+        rows = bench_model(name, args.calls, not args.no_executorch)
         all_rows += rows
         torch_fp32, ort_fp32 = rows[0], rows[1]
-        by = {r["label"]: r for r in rows}
-        ptq, qat = by["torchao int8 dynamic"]["accuracy"], by["QAT → torchao int8"]["accuracy"]
-        drop = torch_fp32["accuracy"] - ptq
-        recovered = f"{100 * (qat - ptq) / drop:.0f} %" if drop > 0 else "n/a (PTQ lost nothing)"
-        print(f"\n{name}: QAT recovered {recovered} of the PTQ drop (fp32 {torch_fp32['accuracy']:.4f}, "
-              f"PTQ {ptq:.4f}, QAT {qat:.4f})")  # fmt: skip
-        heads = [
-            "variant",
-            "KB",
-            "gz KB",
-            "size vs ORT fp32",
-            "p50 ms",
-            "p95 ms",
-            "vs PyTorch",
-            "vs ORT",
-            "accuracy",
-        ]
+        int8 = recovered(rows, "torchao int8 dynamic (PTQ, pt2)", "QAT int8 → torchao int8")
+        int4 = recovered(rows, "torchao int4w (PTQ, pt2)", "QAT int4w → torchao int4w")
+        print(f"\n{name} (fp32 accuracy {torch_fp32['accuracy']:.4f}; training all 5 runs "
+              f"{rows[0]['train_s_all_runs']:.0f} s): QAT recovered {int8} of the int8 PTQ drop, "
+              f"{int4} of the int4w one")  # fmt: skip
+        heads = ["variant", "params", "KB", "gz KB", "size vs ORT fp32", "p50 ms", "p95 ms", "vs PyTorch",
+                 "vs ORT", "accuracy"]  # fmt: skip
         table = []
         for r in rows:
             lat = r["latency_ms_batch1"]
             table.append([
-                r["label"], r["size_bytes"] / 1e3, (r["gz_bytes"] or 0) / 1e3,
+                r["label"], r["parameters"], r["size_bytes"] / 1e3, r["gz_bytes"] / 1e3,
                 f"{r['size_bytes'] / ort_fp32['size_bytes']:.2f}", lat["p50"], lat["p95"],
                 f"{torch_fp32['latency_ms_batch1']['p50'] / lat['p50']:.2f}x",
                 f"{ort_fp32['latency_ms_batch1']['p50'] / lat['p50']:.2f}x", f"{r['accuracy']:.4f}",
@@ -162,7 +221,9 @@ def main() -> None:
         print_table(heads, table)
     wall = time.perf_counter() - start
     print(f"\nwall {wall:.0f} s")
-    write_result("edge", {"calls": args.calls, "rows": all_rows, "wall_s": wall})
+    write_result(
+        f"edge-{args.only}" if args.only else "edge", {"calls": args.calls, "rows": all_rows, "wall_s": wall}
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from tests.conftest import small_config
 
 from vatra.cli import main
 from vatra.compress import is_prepared
+from vatra.compress.qat4 import is_int4w_prepared
 from vatra.config import Config
 from vatra.errors import ConfigError, VatraError
 from vatra.federated import FitIns, FitRes
@@ -164,6 +165,18 @@ def test_qat_edge_clients_train_fake_quantized_and_a_bad_int8_download_is_a_wire
             decode_ins(encode(meta, tensors))
     with pytest.raises(ConfigError, match="workers = 1"):
         small_config(federated={"workers": 2, "edge": {"error_feedback": True}})
+
+
+def test_int4w_qat_edge_clients_train_torchaos_fake_quantized_layers(tmp_path: Path) -> None:
+    cfg = _cfg(qat="int4w")
+    fed = build_federation(cfg)
+    client = LocalClient(cfg, fed.spec, fed.client_data)
+    assert is_int4w_prepared(client.model) and not is_prepared(client.model)  # not the int8 rounding
+    assert client.fit_group([FitIns(0, 1, [client.init]), FitIns(1, 1, [client.init])]) is None  # the loop
+    qat, _ = _run(cfg, tmp_path / "int4w")
+    full, _ = _run(_cfg(), tmp_path / "fp32")
+    assert len(qat) == 3 and qat[-1]["global_accuracy"] > 0.6  # it learns (full precision: ~0.79)
+    assert qat[-1]["client_loss"] != full[-1]["client_loss"]  # int4 rounding changed the training
 
 
 def test_a_deployed_client_declares_its_device_and_gets_what_its_simulated_twin_gets(tmp_path: Path) -> None:

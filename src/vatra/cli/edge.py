@@ -29,8 +29,8 @@ def export(
     quant: str | None = typer.Option(
         None,
         "--quant",
-        help="int8 post-training quantization: none, dynamic, or static (calibrated); default dynamic "
-        "(none for torchscript).",
+        help="Post-training quantization: none, dynamic (int8), static (int8, calibrated) or int4w (int4 "
+        "weights, pt2 and executorch); default dynamic (none for torchscript).",
     ),
     prune: str = typer.Option(
         "none", "--prune", help="none, magnitude (zeros) or structured (neurons removed)."
@@ -51,23 +51,44 @@ def export(
     version: str | None = typer.Option(
         None, "--version", help="Checkpoint version, tag or unique prefix (default: latest)."
     ),
+    compare: list[Path] = typer.Option(
+        [],
+        "--compare",
+        help="Another run on the same data (repeatable; a float run beside a QAT one): its variants are "
+        "measured beside, and the report says what QAT recovers of the PTQ drop.",
+    ),
 ) -> None:
     """Write the run's model as a model folder for the target (vatra.load reads it), quantized and
     pruned as asked, with edge-report.json: size, p50/p95 latency at batch 1 on one thread and at
-    --batch, and validation score, for fp32 and each variant."""
+    --batch, and validation score, for fp32 and each variant, the share of the PTQ drop QAT
+    recovers, and a plot (edge-plot.png)."""
     from vatra.edge import Recipe, edge_export
 
     quant = quant or ("none" if target == "torchscript" else "dynamic")
     recipe = Recipe(quant=quant, prune=prune, sparsity=sparsity if prune != "none" else 0.0)
     folder, report = edge_export(
-        run, out, target, recipe, max_mb=max_mb, max_ms=max_ms, batch=batch, calls=calls, version=version
+        run,
+        out,
+        target,
+        recipe,
+        max_mb=max_mb,
+        max_ms=max_ms,
+        batch=batch,
+        calls=calls,
+        version=version,
+        compare=compare,
     )
     batched = f"b{batch} ms"
-    print(f"{'variant':<30} {'MB':>8} {'x fp32':>7} {'p50 ms':>8} {'p95 ms':>8} {batched:>9}  score")
+    head = f"{'variant':<30} {'stage':<14} {'MB':>8} {'x fp32':>7} {'p50 ms':>8} {'p95 ms':>8} {batched:>9}"
+    print(f"{head}  score")
     for v in report["variants"]:
         print(_row(v, batch, chosen=v["variant"] == report["chosen"]))
+    for r in report["recovered"]:
+        got = f"{r['recovered_pct']:.0f} %" if r["recovered_pct"] is not None else f"n/a ({r['why_none']})"
+        print(f"vatra: QAT {r['variant']} recovers {got} of the PTQ {r['metric']} drop")
     report_file = folder / "edge-report.json"
-    print(f"vatra: {report['chosen']} ({target}) written to {folder}; the report is in {report_file}")
+    plot = f", the plot in {folder / report['plot']}" if report["plot"] else ""
+    print(f"vatra: {report['chosen']} ({target}) written to {folder}; the report is in {report_file}{plot}")
 
 
 def _row(v: dict[str, Any], batch: int, chosen: bool) -> str:
@@ -75,6 +96,6 @@ def _row(v: dict[str, Any], batch: int, chosen: bool) -> str:
     metric = f"accuracy {v['accuracy']:.4f}" if "accuracy" in v else f"rmse {v['rmse']:.4g}"
     name = ("* " if chosen else "  ") + v["variant"]
     return (
-        f"{name:<30} {v['size_mb']:>8.3f} {v['size_vs_fp32']:>7.2f} {one['p50']:>8.3f} {one['p95']:>8.3f} "
-        f"{many['p50']:>9.3f}  {metric}"
+        f"{name:<30} {v['stage']:<14} {v['size_mb']:>8.3f} {v['size_vs_fp32']:>7.2f} "
+        f"{one['p50']:>8.3f} {one['p95']:>8.3f} {many['p50']:>9.3f}  {metric}"
     )

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from vatra.compress.prune import magnitude_masks
+from vatra.compress.prune import magnitude_masks, structured_masks
 from vatra.compress.qat import is_prepared, prepare_qat
+from vatra.compress.qat4 import convert_int4w, is_int4w_prepared, prepare_int4w
 from vatra.config import EdgeConfig
+from vatra.data import BatchedDataset
 from vatra.engine import Plugin
+from vatra.engine.objective import call_model
 
 if TYPE_CHECKING:
     from vatra.engine import Trainer
@@ -40,14 +45,20 @@ class EdgeTraining(Plugin):
 
     def on_step_start(self, trainer: Trainer) -> None:
         step = trainer.state.step  # steps done so far: a resumed run picks up where it was
-        if self.cfg.qat != "none" and step >= self.cfg.qat_start_step and not is_prepared(trainer.model):
-            n = prepare_qat(trainer.model)
+        if self.cfg.qat != "none" and step >= self.cfg.qat_start_step and not self._prepared(trainer.model):
+            # int4w swaps the Linear modules for torchao's, holding the same Parameters: DDP's
+            # reducer and the optimizer keep working on them
+            n = prepare_int4w(trainer.model) if self.cfg.qat == "int4w" else prepare_qat(trainer.model)
             trainer.log_event("qat_prepared", layers=n, qat=self.cfg.qat)
         due = scheduled_sparsity(self.cfg, step, self.total_steps)
         if due > self.sparsity and self._reprune_now(step):
-            self.masks = magnitude_masks(trainer.model, due)
+            cut = structured_masks if self.cfg.prune == "structured" else magnitude_masks
+            self.masks = cut(trainer.model, due)
             self.sparsity = due
             self._apply()
+
+    def _prepared(self, model: nn.Module) -> bool:
+        return is_int4w_prepared(model) if self.cfg.qat == "int4w" else is_prepared(model)
 
     def _reprune_now(self, step: int) -> bool:
         return (
@@ -71,3 +82,25 @@ class EdgeTraining(Plugin):
 
     def on_fit_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         summary["edge"] = {"qat": self.cfg.qat, "prune": self.cfg.prune, "sparsity": self.sparsity}
+        if self.cfg.qat == "int4w" and is_int4w_prepared(trainer.model):
+            summary["edge"]["converted"] = self._convert(trainer)
+
+    def _convert(self, trainer: Trainer) -> dict[str, Any]:
+        """QAT's convert step on a copy of the trained model (the checkpoint keeps the float weights,
+        which ``vatra edge export --quant int4w`` converts the same way): how many layers, and the
+        converted model's largest output difference from the fake-quantized one on validation rows."""
+        converted = convert_int4w(copy.deepcopy(trainer.model)).eval()
+        layers = sum(1 for m in converted.modules() if "Intx" in type(getattr(m, "weight", None)).__name__)
+        out: dict[str, Any] = {"layers": layers, "max_abs_diff_vs_fake_quant": None}
+        val = trainer.val_data
+        if isinstance(val, BatchedDataset) and len(val) > 0:
+            inputs, _ = val.get_batch(np.arange(min(len(val), 256)))
+            was_training = trainer.model.training
+            trainer.model.eval()
+            with torch.no_grad():
+                want, got = call_model(trainer.model, inputs), call_model(converted, inputs)
+            trainer.model.train(was_training)
+            if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
+                out["max_abs_diff_vs_fake_quant"] = float((want - got).abs().max())
+        trainer.log_event("qat_converted", qat="int4w", **out)
+        return out

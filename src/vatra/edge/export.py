@@ -6,7 +6,10 @@ reads it) and measured as loaded: size, latency, validation score, difference fr
 chosen variant's folder is renamed into place with ``edge-report.json`` (every variant's row);
 the others are removed. Targets: ``onnx`` (ONNX Runtime quantization), ``pt2`` (torch.export of a
 torchao-quantized model), ``torchscript`` (fp32 or pruned only: TorchScript cannot trace torchao's
-int8 tensors) and ``executorch`` (needs the ``executorch`` package).
+int8 tensors) and ``executorch`` (a ``.pte`` program lowered to XNNPACK: :mod:`vatra.edge.lower`;
+needs the ``executorch`` package). ``compare`` runs get the same variants measured beside, each
+row naming its stage (fp32 → PTQ → QAT → pruned + QAT), and the report what QAT recovers of the
+PTQ drop (:mod:`vatra.edge.report`), with a plot.
 """
 
 from __future__ import annotations
@@ -15,16 +18,18 @@ import copy
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vatra._extras import MissingExtra
 from vatra.compress.prune import PRUNE_METHODS, count_parameters, prune_model
+from vatra.edge.lower import check_executorch, write_pte
 from vatra.edge.measure import Rows, measure, validation_rows
 from vatra.edge.quant import QUANT_MODES, ort_quantize, torchao_quantize
+from vatra.edge.report import PLOT, recovered, stage, write_plot
 from vatra.errors import ConfigError
 from vatra.serve.export import write_weights
 from vatra.serve.folder import FORMAT, FORMAT_VERSION, MANIFEST, PREPROCESS, WEIGHTS, file_sha256, load_folder
@@ -48,7 +53,8 @@ class Recipe:
     @property
     def name(self) -> str:
         parts = [f"{self.prune}-{round(self.sparsity * 100)}%"] if self.prune != "none" else []
-        parts += [f"int8-{self.quant}"] if self.quant != "none" else []
+        if self.quant != "none":
+            parts.append("int4w" if self.quant == "int4w" else f"int8-{self.quant}")
         return "+".join(parts) or "fp32"
 
 
@@ -69,23 +75,25 @@ def _check_args(target: str, recipe: Recipe) -> None:
             "quantize with --target pt2 (torch.export) or --target onnx"
         )
     if target == "executorch":
-        import importlib.util
-
-        if importlib.util.find_spec("executorch") is None:
-            raise MissingExtra(
-                "vatra edge export --target executorch needs the package 'executorch', which is not "
-                "installed: pip install 'executorch>=1.5' (it accepts torchao 0.18)"
-            )
+        check_executorch()
+    if target == "onnx" and recipe.quant == "int4w":
         raise ConfigError(
-            "vatra edge export --target executorch: lowering to a .pte file is not built yet; "
-            "use --target pt2 or --target onnx"
+            "vatra edge export --target onnx --quant int4w: ONNX Runtime's quantizers give int8 here; "
+            "int4 weights export with --target pt2 (torchao) or --target executorch (XNNPACK)"
         )
+
+
+def target_quants(target: str) -> list[str]:
+    """The quantization modes ``target`` has (what --max-mb / --max-ms try)."""
+    if target == "torchscript":
+        return ["none"]
+    return [q for q in QUANT_MODES if target != "onnx" or q != "int4w"]
 
 
 def _recipes(target: str, wanted: Recipe, search: bool) -> list[Recipe]:
     """fp32 first, then the asked-for variant, or (``search``) every quantization mode the target has,
     unpruned and pruned as asked."""
-    quants = [wanted.quant] if not search else (["none"] if target == "torchscript" else list(QUANT_MODES))
+    quants = [wanted.quant] if not search else target_quants(target)
     prunes = [Recipe()] if wanted.prune == "none" else [Recipe(), replace(wanted, quant="none")]
     out = [Recipe()]
     for p in prunes:
@@ -111,6 +119,8 @@ def write_variant(rm: RunModel, run_dir: Path, recipe: Recipe, target: str, rows
         else:
             ort_quantize(fp32, dest / weights, recipe.quant, rows.inputs)
             fp32.unlink()
+    elif target == "executorch":
+        write_pte(model, recipe.quant, example, rows.inputs, dest / weights)
     else:
         if recipe.quant != "none":
             model = torchao_quantize(model, recipe.quant, rows.inputs)
@@ -155,46 +165,61 @@ def edge_export(
     batch: int = 32,
     calls: int = 200,
     version: str | None = None,
+    compare: Sequence[str | Path] = (),
 ) -> tuple[Path, dict[str, Any]]:
     """Write the variant of ``run_dir``'s model that ``recipe`` (or, with ``max_mb`` / ``max_ms``,
     the smallest / fastest variant meeting them) gives, as the model folder ``out_dir``; returns the
-    folder and the report (every variant measured)."""
+    folder and the report (every variant measured). The ``compare`` runs (trained on the same data:
+    a float run beside a QAT run, a pruned one...) get the same variants measured beside, so the
+    report says what QAT recovers of the PTQ drop and the limits choose among all of them."""
     _check_args(target, recipe)
     run_dir, out = Path(run_dir), Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"vatra edge export --out {out}: exists and is not empty; name a new folder")
     if batch < 1 or calls < 1:
         raise ConfigError("vatra edge export: --batch and --calls must be at least 1")
-    rm = load_run_model(run_dir, version)
-    rows = validation_rows(rm, run_dir)
-    reference = torch_runner(rm.model)(rows.inputs)
-    task = rm.cfg.train.task
+    search = max_mb is not None or max_ms is not None
+    runs = [
+        (run_dir, load_run_model(run_dir, version)),
+        *((Path(c), load_run_model(Path(c))) for c in compare),
+    ]
+    task = runs[0][1].cfg.train.task
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         variants: list[dict[str, Any]] = []
-        for r in _recipes(target, recipe, max_mb is not None or max_ms is not None):
-            folder = write_variant(rm, run_dir, r, target, rows, work / r.name.replace("%", "pct"))
-            size = (folder / WEIGHTS[target]).stat().st_size
-            row = measure(
-                variant_runner(folder), rows, task, size, batch=batch, calls=calls, reference=reference
-            )
-            edge = json.loads((folder / MANIFEST).read_text())["edge"]
-            variants.append({"variant": r.name, "folder": folder.name, **edge, **row})
+        n_rows = 0
+        for i, (rdir, rm) in enumerate(runs):
+            rows = validation_rows(rm, rdir)
+            reference = torch_runner(rm.model)(rows.inputs)
+            trained = _trained(rm)
+            prefix = "" if i == 0 else f"{rdir.name}/"
+            for r in _recipes(target, recipe, search):
+                folder = write_variant(rm, rdir, r, target, rows, work / f"{i}-{r.name.replace('%', 'pct')}")
+                size = (folder / WEIGHTS[target]).stat().st_size
+                row = measure(
+                    variant_runner(folder), rows, task, size, batch=batch, calls=calls, reference=reference
+                )
+                edge = json.loads((folder / MANIFEST).read_text())["edge"]
+                where = {"run": str(rdir), "folder": folder.name, "trained": trained}
+                variants.append(
+                    {**edge, "variant": prefix + r.name, "stage": stage(trained, r.quant, r.prune)}
+                )
+                variants[-1] |= where | row
+            n_rows = n_rows or len(rows.targets)
         _relative_to_fp32(variants)
+        qat_recovered = recovered(variants)
         chosen = _choose(variants, recipe.name, max_mb, max_ms)
-        report = {"target": target, "batch": batch, "calls": calls, "rows": len(rows.targets)}
-        edge = rm.cfg.edge  # how the run trained: a QAT run's int8 variants are its QAT model
-        report["trained"] = {
-            "qat": edge.qat,
-            "prune": edge.prune,
-            "sparsity": edge.sparsity * (edge.prune != "none"),
-        }
+        report = {"target": target, "batch": batch, "calls": calls, "rows": n_rows}
+        report["trained"] = _trained(
+            runs[0][1]
+        )  # how the run trained: a QAT run's int8 variants are its QAT model
         report |= {
             "task": task,
             "chosen": chosen["variant"],
             "max_mb": max_mb,
             "max_ms": max_ms,
+            "recovered": qat_recovered,
             "variants": variants,
         }
         folder = work / chosen["folder"]
@@ -205,6 +230,11 @@ def edge_export(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out, report
+
+
+def _trained(rm: RunModel) -> dict[str, Any]:
+    edge = rm.cfg.edge
+    return {"qat": edge.qat, "prune": edge.prune, "sparsity": edge.sparsity * (edge.prune != "none")}
 
 
 def _relative_to_fp32(variants: list[dict[str, Any]]) -> None:
@@ -239,10 +269,14 @@ def _choose(
 
 
 def _finish(folder: Path, report: dict[str, Any], chosen: dict[str, Any]) -> None:
-    """The report beside the chosen model (listed with its checksum) and its check in the manifest."""
+    """The report and its plot beside the chosen model (listed with their checksums) and its check
+    in the manifest."""
+    report["plot"] = PLOT if write_plot(report, folder / PLOT) else None
     (folder / REPORT).write_text(json.dumps(report, indent=1))
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest["files"][REPORT] = file_sha256(folder / REPORT)
+    if report["plot"]:
+        manifest["files"][PLOT] = file_sha256(folder / PLOT)
     diff = chosen.get("max_abs_diff_vs_fp32", float(np.nan))
     manifest["check"] = {"rows": report["rows"], "max_abs_diff": diff, "against": "the fp32 PyTorch model"}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))

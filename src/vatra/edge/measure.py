@@ -41,12 +41,20 @@ def validation_rows(rm: RunModel, run_dir: Path, limit: int = VAL_ROWS) -> Rows:
     heads = {name: h.task for name, h in cfg.train.multitask.heads.items()}
     ctx = DataContext(seed=cfg.run.seed, run_dir=run_dir, task=cfg.train.task, head_tasks=heads)
     val = build_dataset(cfg.data, ctx, cfg.train.task).val
-    if not isinstance(val, BatchedDataset) or len(val) == 0:
+    if val is None or len(val) == 0:  # type: ignore[arg-type]
         raise ConfigError(
             f"vatra edge: the run {run_dir} has no validation rows to calibrate and measure on; "
             "train with a validation split"
         )
-    inputs, targets = val.get_batch(np.arange(min(len(val), limit)))
+    idx = np.arange(min(len(val), limit))  # type: ignore[arg-type]
+    if isinstance(val, BatchedDataset):
+        inputs, targets = val.get_batch(idx)
+    else:  # a map-style dataset (an image folder: each item decoded): its items stacked
+        items = [val[int(i)] for i in idx]
+        inputs, targets = (
+            torch.stack([x for x, _ in items]),
+            torch.stack([torch.as_tensor(y) for _, y in items]),
+        )
     if not isinstance(targets, torch.Tensor):
         raise ConfigError("vatra edge: measures models with one target (not multitask) for now")
     named = {k: v.numpy() for k, v in inputs.items()} if isinstance(inputs, dict) else {"x": inputs.numpy()}

@@ -1,6 +1,8 @@
 """Post-training int8 quantization, a backend per target: torchao for PyTorch (pt2), ONNX Runtime for ONNX.
 
 ``dynamic``: weights int8 ahead of time, activations quantized per call from their own range.
+``int4w``: int4 weights in groups of 32 inputs, int8 activations per call (torchao's
+``Int8DynamicActivationIntxWeightConfig``, what ``edge.qat = "int4w"`` trains for; torchao only).
 ``static``: activations too get a fixed scale, measured here on calibration rows (the run's
 validation rows): torchao's ``Int8StaticActivationInt8WeightConfig`` with one per-tensor scale per
 Linear input (the largest absolute value seen / 127), ONNX Runtime's ``quantize_static`` with a
@@ -20,8 +22,9 @@ import torch
 from torch import nn
 
 from vatra._extras import require
+from vatra.compress.qat4 import convert_int4w
 
-QUANT_MODES = ("none", "dynamic", "static")
+QUANT_MODES = ("none", "dynamic", "static", "int4w")
 CALIBRATION_BATCH = 64  # rows per calibration call
 
 
@@ -48,6 +51,8 @@ def torchao_quantize(model: nn.Module, mode: str, calibration: dict[str, np.ndar
         if mode == "dynamic":
             quantize_(model, Int8DynamicActivationInt8WeightConfig())
             return model
+        if mode == "int4w":  # what edge.qat = "int4w" converts to; a float run: post-training int4w
+            return convert_int4w(model)
         if calibration is None:
             raise ValueError("static quantization needs calibration rows")
         for name, amax in linear_input_ranges(model, calibration).items():

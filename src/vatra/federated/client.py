@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from vatra.compress import is_prepared, prepare_qat
+from vatra.compress.qat4 import is_int4w_prepared, prepare_int4w
 from vatra.config import Config
 from vatra.data import DatasetSpec, ShardSampler
 from vatra.engine import Plugin, Trainer, seed_everything
@@ -122,7 +123,9 @@ class LocalClient:
         # slowness: log-normal spread, divided by the device profile's speed (federated.edge.profiles)
         spread = client_speeds(cfg.run.seed, cfg.federated.clients, cfg.federated.speed_sigma)
         self.speeds = spread / profile_speeds(cfg)
-        if cfg.edge.qat != "none":  # edge clients train with the int8 rounding their device will run
+        if cfg.edge.qat == "int4w":  # edge clients train with the rounding their device will run
+            prepare_int4w(self.model)  # torchao's QAT layers, holding the same Parameters
+        elif cfg.edge.qat != "none":
             prepare_qat(self.model)
         self.in_round: dict[int, int] = {}  # client → the newest round it was given a task for
         self.reports: dict[int, EvalRes] = {}  # client → its report on the last round it evaluated
@@ -237,7 +240,7 @@ class LocalClient:
         (:mod:`vatra.federated.batched`): the same results as :meth:`fit` one by one, within float
         tolerance. None when the round's config needs the per-client loop."""
         conf = group[0].config
-        if is_prepared(self.model):
+        if is_prepared(self.model) or is_int4w_prepared(self.model):
             return None  # fake-quantized Linear layers (edge.qat) patch forward: the loop trains them
         plugins = len(self.hook.client_plugins(self.model))
         if any(True for _ in self.loss.parameters()) or not all(

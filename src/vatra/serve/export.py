@@ -39,7 +39,7 @@ from vatra.serve.signature import make_signature, output_columns
 from vatra.serve.weights import RunModel, load_run_model, spec_to_dict
 
 CHECK_ROWS = 2048  # validation rows the exported model is compared on
-FORMATS = tuple(WEIGHTS)
+FORMATS = tuple(f for f in WEIGHTS if f != "executorch")  # .pte: vatra edge export --target executorch
 EXPORT = ("vatra export", "--out")
 
 

@@ -34,6 +34,7 @@ WEIGHTS = {
     "torchscript": "model.pt",
     "onnx": "model.onnx",
     "pt2": "model.pt2",  # a torch.export program: what torchao's int8 tensors export to (not TorchScript)
+    "executorch": "model.pte",  # an ExecuTorch program lowered to XNNPACK (vatra edge export writes it)
 }
 PREPROCESS = "preprocess.json"
 
@@ -114,6 +115,8 @@ def load_folder(folder: Path) -> Predictor:
     elif fmt == "pt2":
         model = _exported_program(weights)
         runner = torch_runner(model, positional=True)
+    elif fmt == "executorch":
+        runner = pte_runner(weights)
     else:
         runner = onnx_runner(weights)
     meta = {"weights": fmt, "folder": str(folder.resolve()), **manifest["lineage"]}
@@ -177,5 +180,31 @@ def onnx_runner(path: Path, threads: int = 0) -> Runner:
 
     def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
         return np.asarray(session.run(None, {n: inputs[n] for n in names})[0])
+
+    return run
+
+
+def pte_runner(path: Path) -> Runner:
+    """Scores through the ExecuTorch runtime (the XNNPACK delegate on the CPU), inputs ``x`` then ``ids``."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ExecuTorch's pybindings warn that the API is experimental
+        runtime = require("executorch.runtime", "executorch", "scoring an ExecuTorch (.pte) model")
+    try:
+        method = runtime.Runtime.get().load_program(path).load_method("forward")
+    except Exception as err:  # the runtime's own errors for a file that is no ExecuTorch program
+        raise _unreadable(path, err) from None
+
+    def run(inputs: dict[str, np.ndarray]) -> np.ndarray:
+        args = [torch.from_numpy(np.ascontiguousarray(inputs[k])) for k in ("x", "ids") if k in inputs]
+        try:
+            return np.asarray(method.execute(args)[0].float().numpy())
+        except RuntimeError as err:  # the runtime logs the cause (a bounded input it cannot resize)
+            raise ConfigError(
+                f"ExecuTorch refused {len(args[0])} rows at once for {path} ({err}); a lowered conv "
+                "net accepts few rows (15 for the cnn here): score it in smaller batches, or use "
+                "--target onnx"
+            ) from None
 
     return run
