@@ -152,3 +152,33 @@ def test_recovered_is_torchaos_measure() -> None:
     assert [e["recovered_pct"] for e in recovered(rmse)] == pytest.approx([50.0, 10.0])
     alone = recovered([row("int4w", "QAT", "int4w", 0.85)])
     assert alone[0]["recovered_pct"] is None and "--compare" in alone[0]["why_none"]
+
+
+class _TinyCnn(torch.nn.Module):
+    """A conv net on 8×8 images (64 columns): its lowered program takes at most 15 rows at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = torch.nn.Conv2d(1, 6, 3, padding=1), torch.nn.Linear(6 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x.view(-1, 1, 8, 8))).flatten(1))
+
+
+@pytest.mark.slow(10)  # one lowering of a conv net
+def test_a_conv_program_that_refuses_a_large_batch_scores_it_in_chunks(tmp_path: Path) -> None:
+    # Prepare: a lowered conv net, and more rows than its program accepts at once
+    pytest.importorskip("executorch")
+    torch.manual_seed(0)
+    model = _TinyCnn().eval()
+    x = np.random.default_rng(0).random((64, 64), dtype=np.float32)
+    write_pte(model, "none", {"x": x[:2]}, {"x": x}, tmp_path / "cnn.pte")
+    # Execute: all 64 rows at once, twice (the second call starts at the size that worked)
+    run = pte_runner(tmp_path / "cnn.pte")
+    first, second = run({"x": x}), run({"x": x})
+    # Assert: every row scored, in order, as PyTorch scores it
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    assert first.shape == (64, 10)
+    np.testing.assert_allclose(first, expected, atol=1e-4)
+    np.testing.assert_array_equal(first, second)
