@@ -59,7 +59,7 @@ METHODS = ("onebit", "topk", "randomk")
 # The compressed phase's shares (comm.ratio = "auto"): the momentum is smoother than a gradient,
 # and error feedback delivers what waits.
 AUTO_RATIO = {"topk": 0.01, "randomk": 0.05}
-VARIANCE_TOL = 0.01  # relative change of |v̂| per step
+VARIANCE_TOL = 0.02  # relative change of |v̂| per step
 VARIANCE_WINDOW = 20  # steps in a row under VARIANCE_TOL
 CAP_SHARE = 0.25  # frozen by this share of train.steps at the latest
 
@@ -218,26 +218,30 @@ class Adam1BitState(HookState):
     params: dict[int, torch.nn.Parameter] = field(default_factory=dict)
     frozen: bool = False
     groups: dict[int, dict[str, Any]] = field(default_factory=dict)
+    fp32_resends: int = 0  # warm-up steps whose fp16 sum overflowed and went again in fp32
 
     def refresh(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         self.frozen = optimizer.param_groups[0].get("frozen_step") is not None
         self.groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
 
-    def momentum_(self, key: int, grad: torch.Tensor) -> None:
-        """This rank's mᵢ = β₁·m + (1 − β₁)·gᵢ, in place of ``grad`` (Adam's L2 decay added first)."""
+    def to_update_(self, key: int, grad: torch.Tensor) -> torch.Tensor:
+        """``grad`` becomes the update this rank's momentum makes, u = mᵢ/(√v̂ + ε) with
+        mᵢ = β₁·m + (1 − β₁)·gᵢ (Adam's L2 decay added to gᵢ first), clipped to the largest |m/√v|
+        Adam itself can reach, (1 − β₁)/√((1 − β₂)(1 − β₁²/β₂)) (Cauchy–Schwarz over the two
+        averages): with v frozen, a coordinate whose gradient grows after the freeze could go
+        further, and one whose v̂ was 0 would divide by ε. Returns √v̂ + ε."""
         assert self.optimizer is not None
         p, group = self.params[key], self.groups[key]
-        beta1, _ = group["betas"]
+        beta1, beta2 = group["betas"]
         if not isinstance(self.optimizer, torch.optim.AdamW) and group["weight_decay"]:
             grad.add_(p.detach(), alpha=group["weight_decay"])
-        grad.mul_(1.0 - beta1).add_(self.optimizer.state[p]["exp_avg"], alpha=beta1)
-
-    def denominator(self, key: int) -> torch.Tensor:
-        """Adam's √v̂ + ε with the frozen v̂: what the update divides the momentum by."""
-        assert self.optimizer is not None
-        p = self.params[key]
-        return self.optimizer.state[p]["exp_avg_sq"].sqrt().add_(self.groups[key]["eps"])
+        st = self.optimizer.state[p]
+        grad.mul_(1.0 - beta1).add_(st["exp_avg"], alpha=beta1)
+        denominator = st["exp_avg_sq"].sqrt().add_(group["eps"])
+        bound = (1.0 - beta1) / math.sqrt((1.0 - beta2) * (1.0 - beta1**2 / beta2))
+        grad.div_(denominator).clamp_(-bound, bound)
+        return denominator
 
 
 class Adam1Bit:
