@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from tests._dist import spawn
+from tests._dist import rewind, spawn, train_ranks
 from tests.conftest import small_config
 
 from vatra.comm.adam1bit import VarianceWatch
 from vatra.comm.plugin import CommPlugin
 from vatra.config import Config
 from vatra.engine import DistContext, Plugin, Trainer
+from vatra.rundir import read_jsonl
 
 WORLD = 2
 STEPS = 20
@@ -242,3 +243,28 @@ def test_variance_watch_freezes_a_settled_second_moment_and_not_a_rising_one() -
     assert run(rising) is None
     settled = [1.05**k for k in range(30)] + [1.05**30 * (1 + 0.005 * (-1) ** k) for k in range(60)]
     assert run(settled) == 30 + 1 + 20  # the first step off the slope still moved by 5.5 %
+
+
+RESUME = [
+    *("train.steps=16", "train.eval_every=0", "model.hidden=[32]", "optim.warmup_steps=0"),
+    *("comm.method=onebit", "comm.start_step=4", "checkpoint.every_steps=4"),
+    *("monitor.enabled=false", "heal.enabled=false", "run.tensorboard=false", "run.progress=off"),
+]
+
+
+@pytest.mark.slow(19)
+def test_a_resumed_onebit_adam_run_repeats_the_uninterrupted_one(tmp_path: Path) -> None:
+    # Prepare: digits' AdamW, frozen after step 4, checkpoints every 4 steps; a copy rewound to step 8
+    run, again = tmp_path / "run", tmp_path / "again"
+    summary = train_ranks(run, *RESUME)
+    done = rewind(run, again, step=8)
+    # Execute: train the copy again from step 8
+    train_ranks(again, *RESUME)
+    # Assert: the same losses at steps 9-16 (the freeze, the momentum, both sides' residuals were
+    # restored; a run that restarted its warm-up or its residuals differs from step 9 on)
+    assert summary["compression_started_step"] == 4
+    lines = read_jsonl(again / "metrics.jsonl")
+    before = {m["step"]: m["loss"] for m in lines[:done]}
+    after = {m["step"]: m["loss"] for m in lines[done:]}
+    assert sorted(after) == list(range(9, 17))
+    assert all(after[s] == before[s] for s in after), (before, after)

@@ -78,9 +78,11 @@ class TwoSidedMemory(Memory):
     """Error feedback on both sides of the compressed all-reduce: ``residuals`` holds each rank's
     worker error eᵢ (of the whole tensor), ``server`` the error of the chunk this rank serves."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: list[Hashable] = []) -> None:  # noqa: B006 (read only)
         super().__init__()
         self.server: dict[Hashable, torch.Tensor] = {}
+        self.keys = list(keys)  # every parameter's: the freeze is saved under each of them
+        self.frozen_step: int | None = None  # when the variance was frozen (kept through forget)
 
     def compensate_server(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
         residual = self.server.get(key)
@@ -104,11 +106,16 @@ class TwoSidedMemory(Memory):
         return float(sum(r.float().norm() ** 2 for r in parts) ** 0.5)
 
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
-        return {**super().state_dict(), "server": self.server}
+        state = {**super().state_dict(), "server": self.server}
+        if self.frozen_step is not None:  # a checkpoint renames keys: one copy under each parameter
+            state["frozen_step"] = {k: torch.tensor(self.frozen_step) for k in self.keys}
+        return state
 
     def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
         super().load_state_dict(state)
         self.server = dict(state.get("server", {}))
+        frozen = list(state.get("frozen_step", {}).values())
+        self.frozen_step = int(frozen[0]) if frozen else None
 
 
 class _FrozenVariance(torch.optim.Optimizer):
@@ -270,6 +277,7 @@ class Adam1Bit:
         self.cfg = comm.model_copy(update={"ratio": "auto" if ratio is None else ratio})
         trainer.optimizer = frozen_optimizer(trainer.optimizer)
         trainer.scheduler = rebind_scheduler(trainer.scheduler, trainer.optimizer)
+        self.memory = TwoSidedMemory([id(p) for p in trainer.module.parameters()])
         draws = None
         if compressor.stochastic:  # random-k: every rank draws the same indices; values all-reduced
             compressor.shared = compressor.can_share_draws
@@ -278,7 +286,7 @@ class Adam1Bit:
             )
         self.state = Adam1BitState(
             compressor=compressor,
-            memory=TwoSidedMemory(),
+            memory=self.memory,
             topology=topology,
             start_step=self.start or 0,
             min_numel=comm.min_numel,
@@ -295,6 +303,14 @@ class Adam1Bit:
         )  # fmt: skip
 
     def on_step_start(self, trainer: Trainer) -> None:
+        frozen = self.memory.frozen_step
+        groups = trainer.optimizer.param_groups
+        if frozen is not None and groups[0].get("frozen_step") is None:
+            # resumed (or rolled back) past the freeze: the loaded v is already the frozen v̂, and
+            # the optimizer's state_dict does not keep the groups' extra key through a checkpoint
+            for group in groups:
+                group["frozen_step"] = frozen
+            self.started = frozen
         self.state.refresh(trainer.optimizer)
 
     def after_update(self, trainer: Trainer) -> None:
@@ -316,7 +332,7 @@ class Adam1Bit:
         else:
             return
         freeze_(trainer.optimizer, step)
-        self.started = step
+        self.started = self.memory.frozen_step = step
         warm = self.cfg.sparsity_warmup
         self.state.start_step = step
         self.state.sparsity_warmup = step if warm == "auto" else int(warm)
