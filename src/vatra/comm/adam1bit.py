@@ -60,7 +60,7 @@ METHODS = ("onebit", "topk", "randomk")
 # and error feedback delivers what waits.
 AUTO_RATIO = {"topk": 0.01, "randomk": 0.05}
 VARIANCE_TOL = 0.02  # relative change of |v̂| per step
-VARIANCE_WINDOW = 20  # steps in a row under VARIANCE_TOL
+VARIANCE_WINDOW = 15  # steps in a row that say the variance has settled
 CAP_SHARE = 0.25  # frozen by this share of train.steps at the latest
 
 
@@ -179,16 +179,22 @@ def freeze_(optimizer: torch.optim.Optimizer, step: int) -> None:
 
 @dataclass
 class VarianceWatch:
-    """When Adam's second moment has settled: the bias-corrected ‖v̂‖ changed by less than ``tol``
-    (relative) on each of the last ``window`` steps, and the LR warm-up is over. Every rank sees the
-    same averaged gradients in the warm-up, so every rank decides alike with no message."""
+    """When Adam's second moment has settled, after the LR warm-up (``after`` steps): the
+    bias-corrected ‖v̂‖ has either stopped moving (changed by less than ``tol``, relative, on each of
+    the last ``window`` steps) or stopped growing (no new high since the LR warm-up for ``window``
+    steps). Past its peak a frozen v̂ can only overestimate the variance to come, so the steps after
+    the freeze are no larger than Adam's; one frozen while it still grows makes them too large.
+    Every rank sees the same averaged gradients in the warm-up, so every rank decides alike with
+    no message. :attr:`why` says which held."""
 
     tol: float
     window: int
-    after: int  # no freeze before this step (the LR warm-up)
+    after: int
     last: float | None = None
-    calm: int = 0
-    history: list[float] = field(default_factory=list)
+    calm: int = 0  # steps in a row that moved by less than tol
+    high: float = 0.0  # the highest |v̂| since the LR warm-up
+    since_high: int = 0
+    why: str = ""
 
     def settled(self, optimizer: torch.optim.Optimizer, step: int) -> bool:
         norm = _variance_norm(optimizer)
@@ -196,10 +202,18 @@ class VarianceWatch:
         if last is None or not math.isfinite(norm) or last == 0.0:
             self.calm = 0
             return False
-        change = abs(norm - last) / last
-        self.history.append(change)
-        self.calm = self.calm + 1 if change < self.tol else 0
-        return step >= self.after and self.calm >= self.window
+        self.calm = self.calm + 1 if abs(norm - last) / last < self.tol else 0
+        if step < self.after:
+            return False
+        if norm > self.high:
+            self.high, self.since_high = norm, 0
+        else:
+            self.since_high += 1
+        if self.calm >= self.window:
+            self.why = f"|v̂| moved by less than {self.tol:.0%} per step for {self.window} steps"
+        elif self.since_high >= self.window:
+            self.why = f"|v̂| past its peak: no new high for {self.window} steps"
+        return bool(self.why)
 
 
 def _variance_norm(optimizer: torch.optim.Optimizer) -> float:
@@ -272,7 +286,9 @@ class Adam1Bit:
             compressor.ratio = ratio
         self.start = None if comm.start_step == "auto" else max(1, comm.start_step)  # v needs one step
         self.cap = max(1, math.ceil(CAP_SHARE * steps))
-        self.watch = VarianceWatch(VARIANCE_TOL, VARIANCE_WINDOW, after=trainer.cfg.optim.warmup_steps)
+        # not before the LR warm-up ends, nor before a window's worth of steps
+        after = max(trainer.cfg.optim.warmup_steps, VARIANCE_WINDOW)
+        self.watch = VarianceWatch(VARIANCE_TOL, VARIANCE_WINDOW, after=after)
         self.started: int | None = None
         self.cfg = comm.model_copy(update={"ratio": "auto" if ratio is None else ratio})
         trainer.optimizer = frozen_optimizer(trainer.optimizer)
@@ -323,10 +339,7 @@ class Adam1Bit:
                 return
             reason = f"comm.start_step = {self.start}"
         elif settled:
-            reason = (
-                f"Adam's second moment settled: |v̂| changed by less than {VARIANCE_TOL:.1%} per step for "
-                f"{VARIANCE_WINDOW} steps after the LR warm-up; variance frozen, momentum compressed"
-            )
+            reason = f"Adam's second moment settled after the LR warm-up: {self.watch.why}"
         elif step >= self.cap:
             reason = f"|v̂| still moving at {CAP_SHARE:.0%} of train.steps; variance frozen there"
         else:
