@@ -4,20 +4,23 @@ Error feedback on raw gradients fights Adam: the second moment v sees the compre
 gradients, and coordinates that wait in the residual arrive as spikes that v then divides by. 1-bit
 Adam splits training in two:
 
-1. **Warm-up**, full precision: gradients are averaged exactly and Adam runs as it always does,
-   until v has settled (:class:`VarianceWatch`: the bias-corrected ‖v‖ changes by less than
-   ``tol`` per step for ``window`` steps, after the LR warm-up).
+1. **Warm-up**, uncompressed: gradients are averaged (sent in fp16, with an fp32 resend when the
+   sum overflows) and Adam runs as it always does, until v has settled (:class:`VarianceWatch`:
+   the bias-corrected ‖v̂‖ stopped moving or stopped growing, after the LR warm-up).
 2. **Compressed**: v is frozen (Adam's bias correction of v folded in at that step). Each rank
-   updates the shared momentum with its own gradient, ``mᵢ = β₁·m + (1 − β₁)·gᵢ``, and the ranks
-   average the mᵢ with a compressed all-reduce that has error feedback on both sides
-   (:func:`vatra.comm.adam1bit_exchange.compressed_average`): each rank compresses ``mᵢ + eᵢ``
+   updates the shared momentum with its own gradient, ``mᵢ = β₁·m + (1 − β₁)·gᵢ``, and takes the
+   update it would make, ``uᵢ = mᵢ/(√v̂ + ε)``, clipped to Adam's own bound. The ranks average the
+   uᵢ with a compressed all-reduce that has error feedback on both sides
+   (:func:`vatra.comm.adam1bit_exchange.compressed_average`): each rank compresses ``uᵢ + eᵢ``
    and keeps its error eᵢ; rank j, the server of the j-th chunk of every tensor, averages what it
    received, compresses ``avg + sⱼ`` again and keeps the server error sⱼ; every rank decompresses
-   the servers' chunks into the same m̄. The update is Adam's with m = m̄ and the frozen v:
-   ``x ← x − lr·m̄ / (1 − β₁ᵗ) / (√v̂ + ε)`` (AdamW: ``x ← x·(1 − lr·λ)`` first; Adam's L2 decay
-   ``λ·x`` is added to gᵢ, as torch's Adam adds it to the gradient).
+   the servers' chunks into the same ū. The momentum becomes ``m̄ = ū·(√v̂ + ε)`` and the update
+   is Adam's with it and the frozen v: ``x ← x − lr·m̄ / (1 − β₁ᵗ) / (√v̂ + ε)`` (AdamW:
+   ``x ← x·(1 − lr·λ)`` first; Adam's L2 decay ``λ·x`` is added to gᵢ, as torch's Adam adds it to
+   the gradient).
 
-Tensors under ``comm.min_numel`` send mᵢ in fp32 (an exact average). Used by the comm plugin when
+Tensors under ``comm.min_numel`` send uᵢ in fp16 (|uᵢ| is bounded: an exact average but for
+rounding). Used by the comm plugin when
 ``optim.name`` is adam or adamw and ``comm.method`` is onebit, topk or randomk (``comm.adam1bit``).
 The DDP hook writes m̄ where the gradient was, so ``train.clip_grad_norm`` bounds m̄ and the
 ``grad_norm`` metric is ‖m̄‖ in the compressed phase.
