@@ -196,7 +196,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         ctx.destroy()
 
 
-@pytest.mark.slow(12)
+@pytest.mark.slow(9)
 def test_onebit_adam_equals_the_reference_step_by_step(tmp_path: Path) -> None:
     # Prepare
     out = tmp_path / "results.json"
@@ -260,7 +260,7 @@ RESUME = [
 ]
 
 
-@pytest.mark.slow(19)
+@pytest.mark.slow(25)
 def test_a_resumed_onebit_adam_run_repeats_the_uninterrupted_one(tmp_path: Path) -> None:
     # Prepare: digits' AdamW, frozen after step 4, checkpoints every 4 steps; a copy rewound to step 8
     run, again = tmp_path / "run", tmp_path / "again"
