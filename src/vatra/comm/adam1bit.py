@@ -29,7 +29,7 @@ The DDP hook writes m̄ where the gradient was, so ``train.clip_grad_norm`` boun
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,7 @@ class TwoSidedMemory(Memory):
     """Error feedback on both sides of the compressed all-reduce: ``residuals`` holds each rank's
     worker error eᵢ (of the whole tensor), ``server`` the error of the chunk this rank serves."""
 
-    def __init__(self, keys: list[Hashable] = []) -> None:  # noqa: B006 (read only)
+    def __init__(self, keys: Iterable[Hashable] = ()) -> None:
         super().__init__()
         self.server: dict[Hashable, torch.Tensor] = {}
         self.keys = list(keys)  # every parameter's: the freeze is saved under each of them
