@@ -98,9 +98,9 @@ class VarianceWatch:
         if last is None or not math.isfinite(norm) or last == 0.0:
             self.calm = 0
             return False
-        self.calm = self.calm + 1 if abs(norm - last) / last < self.tol else 0
-        if step < self.after:
+        if step < self.after:  # both counts start when the LR warm-up is over
             return False
+        self.calm = self.calm + 1 if abs(norm - last) / last < self.tol else 0
         if norm > self.high:
             self.high, self.since_high = norm, 0
         else:
