@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from vatra.comm import adam1bit
 from vatra.comm._base import Compressor, SparseCompressor, build_compressor
+from vatra.comm.adam1bit_exchange import adam1bit_hook
 from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, TensorDraws, compression_hook
 from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook
@@ -47,11 +49,13 @@ class CommPlugin(Plugin):
         self.total_cross_host_bytes: int | None = None  # counted on the hierarchical topology only
         self.names: dict[int, str] = {}  # id(parameter) -> its name, for checkpoints of the memory
         self.device = torch.device("cpu")
+        self.adam: adam1bit.Adam1Bit | None = None  # Adam(W) with onebit/topk/randomk: 1-bit Adam
 
     def on_fit_start(self, trainer: Trainer) -> None:
         if not isinstance(trainer.module, DDP):
             return
         compressor = None if self.cfg.method == "powersgd" else build_compressor(self.cfg)
+        asked = self.cfg
         self.cfg = resolve_recipe(self.cfg, trainer.cfg, compressor)
         counter = ByteCounter()
         if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "torch":
@@ -76,6 +80,12 @@ class CommPlugin(Plugin):
                 self.state = self._lowrank_state(trainer, topology)
                 trainer.module.register_comm_hook(self.state, lowrank_hook)
                 self._checkpoint_memory(trainer)  # residuals and warm-start factors
+            elif adam1bit.applies(asked, trainer.cfg) and not isinstance(topology, HierarchicalTopology):
+                assert compressor is not None
+                self.adam = adam1bit.Adam1Bit(trainer, asked, compressor, topology, _positions(trainer))
+                self.cfg, self.state = self.adam.cfg, self.adam.state
+                trainer.module.register_comm_hook(self.state, adam1bit_hook)
+                self._checkpoint_memory(trainer)  # worker and server residuals
             else:
                 assert compressor is not None
                 self.state, use_memory = self._hook_state(trainer, compressor, topology)
@@ -167,6 +177,12 @@ class CommPlugin(Plugin):
             self.state.step = trainer.state.step
             self.state.counter.reset()
             self.state.comm_time_s = 0.0
+        if self.adam is not None:
+            self.adam.on_step_start(trainer)
+
+    def after_update(self, trainer: Trainer) -> None:
+        if self.adam is not None:
+            self.adam.after_update(trainer)
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if trainer.state.skip_update and self.state is not None:
@@ -184,7 +200,7 @@ class CommPlugin(Plugin):
             self.total_cross_host_bytes += self.state.counter.cross_host
             metrics["comm_cross_host_bytes"] = self.state.counter.cross_host
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
-        if isinstance(self.state, LowRankState) and self.state.fp32_resends:
+        if isinstance(self.state, LowRankState | adam1bit.Adam1BitState) and self.state.fp32_resends:
             metrics["comm_fp32_resends"] = self.state.fp32_resends  # so far: half-precision overflows
         if isinstance(self.state, HookState | LowRankState) and self.state.memory.residuals:
             # how much error feedback is holding back: growth without bound means the compressor
@@ -198,6 +214,8 @@ class CommPlugin(Plugin):
         if self.total_cross_host_bytes is not None:
             summary["comm_cross_host_bytes"] = self.total_cross_host_bytes
         summary["comm_method"] = self.cfg.method
+        if self.adam is not None:
+            self.adam.summarize(summary)
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         if self.state is not None:
