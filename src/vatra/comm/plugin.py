@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from vatra.comm import adam1bit
 from vatra.comm._base import Compressor, SparseCompressor, build_compressor
+from vatra.comm.adam1bit_exchange import adam1bit_hook
 from vatra.comm.hierarchical import HierarchicalTopology
 from vatra.comm.hooks import HookState, TensorDraws, compression_hook
 from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook
@@ -50,6 +52,7 @@ class CommPlugin(Plugin):
         self.names: dict[int, str] = {}  # id(parameter) -> its name, for checkpoints of the memory
         self.device = torch.device("cpu")
         self.start: CompressionStart | None = None  # when compression starts (vatra.comm.warmup)
+        self.adam: adam1bit.Adam1Bit | None = None  # Adam(W) with onebit/topk/randomk: 1-bit Adam
 
     def on_fit_start(self, trainer: Trainer) -> None:
         if not isinstance(trainer.module, DDP):
@@ -79,17 +82,27 @@ class CommPlugin(Plugin):
                 self.state = self._lowrank_state(trainer, topology)
                 trainer.module.register_comm_hook(self.state, lowrank_hook)
                 self._checkpoint_memory(trainer)  # residuals and warm-start factors
+            elif adam1bit.applies(asked, trainer.cfg) and not isinstance(topology, HierarchicalTopology):
+                assert compressor is not None
+                self.adam = adam1bit.Adam1Bit(trainer, asked, compressor, topology, _positions(trainer))
+                self.cfg, self.state = self.adam.cfg, self.adam.state
+                trainer.module.register_comm_hook(self.state, adam1bit_hook)
+                self._checkpoint_memory(trainer)  # worker and server residuals
             else:
                 assert compressor is not None
                 self.state, use_memory = self._hook_state(trainer, compressor, topology)
                 trainer.module.register_comm_hook(self.state, compression_hook)
                 if use_memory:
                     self._checkpoint_memory(trainer)  # residuals (and velocities)
-        self.start = compression_start(asked, self.cfg, trainer.cfg, compressor)
-        trainer.state.rank_states["comm_warmup"] = self.start  # a resumed run decides as this one
-        c, signal = self.cfg, self.start.detector is not None
-        start: int | str = f"when the loss settles, by {c.start_step}" if signal else c.start_step
-        ramp: int | str = "as long as the warm-up" if signal and self.start.ramp else c.sparsity_warmup
+        c = self.cfg
+        start: int | str = c.start_step
+        ramp: int | str = c.sparsity_warmup
+        if self.adam is None:  # 1-bit Adam decides and records its own start: its variance settling
+            self.start = compression_start(asked, c, trainer.cfg, compressor)
+            trainer.state.rank_states["comm_warmup"] = self.start  # a resumed run decides as this one
+            if self.start.detector is not None:
+                start = f"when the loss settles, by {c.start_step}"
+                ramp = "as long as the warm-up" if self.start.ramp else ramp
         trainer.log_event(
             "comm", method=c.method, topology=topology_name, overlap=c.overlap, start_step=start,
             sparsity_warmup=ramp, momentum_correction=c.momentum_correction, ratio=c.ratio,
@@ -181,6 +194,12 @@ class CommPlugin(Plugin):
         if self.start is not None:
             own = self.state if isinstance(self.state, HookState | LowRankState) else None
             self.start.on_step_start(trainer, own)
+        if self.adam is not None:
+            self.adam.on_step_start(trainer)
+
+    def after_update(self, trainer: Trainer) -> None:
+        if self.adam is not None:
+            self.adam.after_update(trainer)
 
     def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
         if trainer.state.skip_update and self.state is not None:
@@ -216,6 +235,8 @@ class CommPlugin(Plugin):
         summary["comm_method"] = self.cfg.method
         if self.start is not None:
             summary["compression_started_step"] = self.start.summary()
+        if self.adam is not None:
+            self.adam.summarize(summary)
 
     def on_failure(self, trainer: Trainer, exc: BaseException) -> None:
         if self.state is not None:

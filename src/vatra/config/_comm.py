@@ -48,6 +48,13 @@ class CommConfig(Section):
         "half-precision sum overflows sends them again in fp32).",
     )
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
+    adam1bit: bool = Field(
+        True,
+        description="optim.name adam or adamw with onebit, topk or randomk: 1-bit Adam (full-precision "
+        "Adam until its second moment settles, then that moment frozen and each rank's momentum "
+        "compressed, with error feedback on both sides of the all-reduce; docs/compression-adam.md). "
+        "false: the gradients are compressed, as under SGD.",
+    )
     momentum_correction: bool | Literal["auto"] = Field(
         "auto",
         description=(

@@ -1,0 +1,338 @@
+"""1-bit Adam (Tang et al., 2021) for Adam and AdamW: compress Adam's momentum, not the gradient.
+
+Error feedback on raw gradients fights Adam: the second moment v sees the compressed, lumpy
+gradients, and coordinates that wait in the residual arrive as spikes that v then divides by. 1-bit
+Adam splits training in two:
+
+1. **Warm-up**, full precision: gradients are averaged exactly and Adam runs as it always does,
+   until v has settled (:class:`VarianceWatch`: the bias-corrected ‖v‖ changes by less than
+   ``tol`` per step for ``window`` steps, after the LR warm-up).
+2. **Compressed**: v is frozen (Adam's bias correction of v folded in at that step). Each rank
+   updates the shared momentum with its own gradient, ``mᵢ = β₁·m + (1 − β₁)·gᵢ``, and the ranks
+   average the mᵢ with a compressed all-reduce that has error feedback on both sides
+   (:func:`vatra.comm.adam1bit_exchange.compressed_average`): each rank compresses ``mᵢ + eᵢ``
+   and keeps its error eᵢ; rank j, the server of the j-th chunk of every tensor, averages what it
+   received, compresses ``avg + sⱼ`` again and keeps the server error sⱼ; every rank decompresses
+   the servers' chunks into the same m̄. The update is Adam's with m = m̄ and the frozen v:
+   ``x ← x − lr·m̄ / (1 − β₁ᵗ) / (√v̂ + ε)`` (AdamW: ``x ← x·(1 − lr·λ)`` first; Adam's L2 decay
+   ``λ·x`` is added to gᵢ, as torch's Adam adds it to the gradient).
+
+Tensors under ``comm.min_numel`` send mᵢ in fp32 (an exact average). Used by the comm plugin when
+``optim.name`` is adam or adamw and ``comm.method`` is onebit, topk or randomk (``comm.adam1bit``).
+The DDP hook writes m̄ where the gradient was, so ``train.clip_grad_norm`` bounds m̄ and the
+``grad_norm`` metric is ‖m̄‖ in the compressed phase.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from vatra.comm._base import Compressor, SparseCompressor
+from vatra.comm.hooks import HookState, TensorDraws
+from vatra.comm.memory import Memory
+from vatra.comm.topology import Topology
+
+if TYPE_CHECKING:
+    from vatra.config import Config
+    from vatra.config._comm import CommConfig
+    from vatra.engine import Trainer
+
+__all__ = [
+    "METHODS",
+    "Adam1Bit",
+    "Adam1BitState",
+    "FrozenAdam",
+    "FrozenAdamW",
+    "TwoSidedMemory",
+    "VarianceWatch",
+    "applies",
+    "freeze_",
+]
+
+METHODS = ("onebit", "topk", "randomk")
+# The compressed phase's shares (comm.ratio = "auto"): the momentum is smoother than a gradient,
+# and error feedback delivers what waits.
+AUTO_RATIO = {"topk": 0.01, "randomk": 0.05}
+VARIANCE_TOL = 0.01  # relative change of |v̂| per step
+VARIANCE_WINDOW = 20  # steps in a row under VARIANCE_TOL
+CAP_SHARE = 0.25  # frozen by this share of train.steps at the latest
+
+
+def applies(comm: CommConfig, cfg: Config) -> bool:
+    """Whether this run compresses Adam's momentum (1-bit Adam) instead of its gradients."""
+    return (
+        comm.adam1bit
+        and cfg.optim.name in ("adam", "adamw")
+        and comm.method in METHODS
+        and cfg.train.precision != "fp16"  # the scaler's scaled gradients would enter the momentum
+    )
+
+
+class TwoSidedMemory(Memory):
+    """Error feedback on both sides of the compressed all-reduce: ``residuals`` holds each rank's
+    worker error eᵢ (of the whole tensor), ``server`` the error of the chunk this rank serves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.server: dict[Hashable, torch.Tensor] = {}
+
+    def compensate_server(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
+        residual = self.server.get(key)
+        if residual is None or residual.shape != tensor.shape:
+            return tensor.clone()
+        return tensor + residual
+
+    def update_server(self, compensated: torch.Tensor, key: Hashable, transmitted: torch.Tensor) -> None:
+        self.server[key] = compensated - transmitted
+
+    def forget(self) -> None:
+        super().forget()
+        self.server.clear()
+
+    def drop(self, key: Hashable) -> None:
+        super().drop(key)
+        self.server.pop(key, None)
+
+    def residual_norm(self) -> float:
+        parts = [*self.residuals.values(), *self.server.values()]
+        return float(sum(r.float().norm() ** 2 for r in parts) ** 0.5)
+
+    def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
+        return {**super().state_dict(), "server": self.server}
+
+    def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
+        super().load_state_dict(state)
+        self.server = dict(state.get("server", {}))
+
+
+class _FrozenVariance(torch.optim.Optimizer):
+    """Over torch's Adam / AdamW: once every group has ``frozen_step`` (set by :func:`freeze_`),
+    :meth:`step` takes ``p.grad`` as the new momentum m̄ (the hook's average) and updates with the
+    frozen second moment; before that, torch's own step, unchanged. ``frozen_step`` is a group key,
+    so checkpoints and healing's snapshots carry it with the optimizer's state."""
+
+    decoupled: ClassVar[bool]
+
+    @property
+    def frozen(self) -> bool:
+        return self.param_groups[0].get("frozen_step") is not None
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        if not self.frozen:
+            return super().step(closure)
+        for group in self.param_groups:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, _ = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                st["step"] += 1
+                st["exp_avg"].copy_(p.grad)
+                if self.decoupled and wd:
+                    p.mul_(1.0 - lr * wd)
+                denom = st["exp_avg_sq"].sqrt().add_(eps)  # v̂: bias correction folded in at the freeze
+                p.addcdiv_(st["exp_avg"], denom, value=-lr / (1.0 - beta1 ** float(st["step"])))
+        return None
+
+
+class FrozenAdam(_FrozenVariance, torch.optim.Adam):
+    decoupled = False
+
+
+class FrozenAdamW(_FrozenVariance, torch.optim.AdamW):
+    decoupled = True
+
+
+def frozen_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The same optimizer (groups, hyperparameters, state) as its frozen-variance class."""
+    cls = FrozenAdamW if isinstance(optimizer, torch.optim.AdamW) else FrozenAdam
+    new = cls(optimizer.param_groups)
+    new.load_state_dict(optimizer.state_dict())
+    return new
+
+
+def freeze_(optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Freeze v at this point: Adam's bias correction of v, ``1 − β₂ᵗ``, is folded into it."""
+    for group in optimizer.param_groups:
+        _, beta2 = group["betas"]
+        group["frozen_step"] = step
+        for p in group["params"]:
+            st = optimizer.state.get(p)
+            if st:
+                st["exp_avg_sq"].div_(1.0 - beta2 ** float(st["step"]))
+
+
+@dataclass
+class VarianceWatch:
+    """When Adam's second moment has settled: the bias-corrected ‖v̂‖ changed by less than ``tol``
+    (relative) on each of the last ``window`` steps, and the LR warm-up is over. Every rank sees the
+    same averaged gradients in the warm-up, so every rank decides alike with no message."""
+
+    tol: float
+    window: int
+    after: int  # no freeze before this step (the LR warm-up)
+    last: float | None = None
+    calm: int = 0
+    history: list[float] = field(default_factory=list)
+
+    def settled(self, optimizer: torch.optim.Optimizer, step: int) -> bool:
+        norm = _variance_norm(optimizer)
+        last, self.last = self.last, norm
+        if last is None or not math.isfinite(norm) or last == 0.0:
+            self.calm = 0
+            return False
+        change = abs(norm - last) / last
+        self.history.append(change)
+        self.calm = self.calm + 1 if change < self.tol else 0
+        return step >= self.after and self.calm >= self.window
+
+
+def _variance_norm(optimizer: torch.optim.Optimizer) -> float:
+    """‖v̂‖ over every parameter: ‖v‖ / (1 − β₂ᵗ)."""
+    total = 0.0
+    for group in optimizer.param_groups:
+        _, beta2 = group["betas"]
+        vs = [optimizer.state[p]["exp_avg_sq"] for p in group["params"] if p in optimizer.state]
+        if not vs:
+            continue
+        t = float(optimizer.state[group["params"][0]]["step"])
+        total += float(torch.stack(torch._foreach_norm(vs, 2.0)).norm()) ** 2 / (1.0 - beta2**t) ** 2
+    return total**0.5
+
+
+@dataclass
+class Adam1BitState(HookState):
+    """The hook's state: :class:`HookState`'s, plus the optimizer whose momentum is averaged and each
+    parameter by its key. :meth:`refresh` (every step, before backward) reads whether the optimizer
+    is frozen and its groups (a checkpoint or a rollback loads new group dicts)."""
+
+    optimizer: torch.optim.Optimizer | None = None
+    params: dict[int, torch.nn.Parameter] = field(default_factory=dict)
+    frozen: bool = False
+    groups: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def refresh(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.frozen = optimizer.param_groups[0].get("frozen_step") is not None
+        self.groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+
+    def momentum_(self, key: int, grad: torch.Tensor) -> None:
+        """This rank's mᵢ = β₁·m + (1 − β₁)·gᵢ, in place of ``grad`` (Adam's L2 decay added first)."""
+        assert self.optimizer is not None
+        p, group = self.params[key], self.groups[key]
+        beta1, _ = group["betas"]
+        if not isinstance(self.optimizer, torch.optim.AdamW) and group["weight_decay"]:
+            grad.add_(p.detach(), alpha=group["weight_decay"])
+        grad.mul_(1.0 - beta1).add_(self.optimizer.state[p]["exp_avg"], alpha=beta1)
+
+    def denominator(self, key: int) -> torch.Tensor:
+        """Adam's √v̂ + ε with the frozen v̂: what the update divides the momentum by."""
+        assert self.optimizer is not None
+        p = self.params[key]
+        return self.optimizer.state[p]["exp_avg_sq"].sqrt().add_(self.groups[key]["eps"])
+
+
+class Adam1Bit:
+    """The comm plugin's 1-bit Adam: swaps in the frozen-variance optimizer and builds the hook's
+    state (:meth:`__init__`, at fit start); per step reads the optimizer (:meth:`on_step_start`) and,
+    until it is frozen, decides after the update whether to freeze it (:meth:`after_update`), which
+    it records as a ``compression_started`` event. Every rank decides alike: in the warm-up every
+    rank's optimizer saw the same averaged gradients."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        comm: CommConfig,
+        compressor: Compressor,
+        topology: Topology,
+        index: dict[int, int],
+    ) -> None:
+        steps = trainer.cfg.train.steps
+        ratio = resolved_ratio(comm, compressor)
+        if isinstance(compressor, SparseCompressor) and ratio is not None:
+            compressor.ratio = ratio
+        self.start = None if comm.start_step == "auto" else max(1, comm.start_step)  # v needs one step
+        self.cap = max(1, math.ceil(CAP_SHARE * steps))
+        self.watch = VarianceWatch(VARIANCE_TOL, VARIANCE_WINDOW, after=trainer.cfg.optim.warmup_steps)
+        self.started: int | None = None
+        self.cfg = comm.model_copy(update={"ratio": "auto" if ratio is None else ratio})
+        trainer.optimizer = frozen_optimizer(trainer.optimizer)
+        trainer.scheduler = rebind_scheduler(trainer.scheduler, trainer.optimizer)
+        draws = None
+        if compressor.stochastic:  # random-k: every rank draws the same indices; values all-reduced
+            compressor.shared = compressor.can_share_draws
+            draws = TensorDraws(
+                trainer.cfg.run.seed, 0 if compressor.shared else topology.rank, index, trainer.dist.device
+            )
+        self.state = Adam1BitState(
+            compressor=compressor,
+            memory=TwoSidedMemory(),
+            topology=topology,
+            start_step=self.start or 0,
+            min_numel=comm.min_numel,
+            bucket_bytes=int(comm.bucket_mb * 2**20),
+            overlap=comm.overlap,
+            draws=draws,
+            params={id(p): p for p in trainer.module.parameters()},
+        )
+        self.state.refresh(trainer.optimizer)
+        trainer.log_event(
+            "comm", adam1bit=True, start="comm.start_step" if self.start else "variance settles",
+            variance_tol=VARIANCE_TOL, variance_window=VARIANCE_WINDOW, at_latest=self.start or self.cap,
+            ratio=ratio,
+        )  # fmt: skip
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        self.state.refresh(trainer.optimizer)
+
+    def after_update(self, trainer: Trainer) -> None:
+        step = trainer.state.step  # steps done: the next one is the first compressed one
+        if self.state.frozen or trainer.state.skip_update:
+            return
+        settled = self.watch.settled(trainer.optimizer, step)
+        if self.start is not None:
+            if step < self.start:
+                return
+            reason = f"comm.start_step = {self.start}"
+        elif settled:
+            reason = (
+                f"Adam's second moment settled: |v̂| changed by less than {VARIANCE_TOL:.1%} per step for "
+                f"{VARIANCE_WINDOW} steps after the LR warm-up; variance frozen, momentum compressed"
+            )
+        elif step >= self.cap:
+            reason = f"|v̂| still moving at {CAP_SHARE:.0%} of train.steps; variance frozen there"
+        else:
+            return
+        freeze_(trainer.optimizer, step)
+        self.started = step
+        warm = self.cfg.sparsity_warmup
+        self.state.start_step = step
+        self.state.sparsity_warmup = step if warm == "auto" else int(warm)
+        trainer.log_event("compression_started", reason=reason)
+
+    def summarize(self, summary: dict[str, Any]) -> None:
+        summary["compression_started_step"] = self.started
+
+
+def rebind_scheduler(scheduler: LambdaLR, optimizer: torch.optim.Optimizer) -> LambdaLR:
+    """``scheduler``'s schedule on ``optimizer`` (which has the same groups), where it was."""
+    new = LambdaLR(optimizer, scheduler.lr_lambdas)
+    new.load_state_dict(scheduler.state_dict())
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
+    return new
+
+
+def resolved_ratio(comm: CommConfig, compressor: Compressor) -> float | None:
+    """The compressed phase's share for a sparsifier (``comm.ratio``, or the Adam recipe's)."""
+    if not isinstance(compressor, SparseCompressor):
+        return None
+    return AUTO_RATIO[comm.method] if comm.ratio == "auto" else comm.ratio

@@ -1,0 +1,180 @@
+"""1-bit Adam's compressed all-reduce: error feedback on the workers' side and on the servers'.
+
+For W ranks every tensor is cut into W chunks (whole rows of a matrix, so onebit keeps a scale per
+row; flat pieces otherwise); rank j serves chunk j. Per tensor and step:
+
+1. every rank i compresses ``x = mᵢ + eᵢ`` chunk by chunk and keeps ``eᵢ ← x − C(x)``;
+2. it sends chunk j's payload to rank j (point to point: (W−1)/W of its payload);
+3. rank j decompresses the W payloads of its chunk, averages them, compresses ``a = avg + sⱼ`` and
+   keeps ``sⱼ ← a − C(a)``;
+4. it sends that payload to every other rank ((W−1) chunk payloads), and every rank decompresses
+   the W server chunks into the same m̄.
+
+A rank thus sends 2·(W−1)/W of one compressed copy of the tensor per step, like a ring all-reduce
+of the payload, and every byte is counted as it is handed to ``isend``. A compressor whose payloads
+add up (random-k with indices every rank draws alike) is all-reduced instead: the sum of values at
+shared indices is exact, so the server side has no error to keep.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations as real objects.
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from vatra.comm._base import Ctx, Payload, SparseCompressor
+from vatra.comm.adam1bit import TwoSidedMemory
+from vatra.comm.batching import all_reduce_coalesced_
+from vatra.comm.hooks import _average_payloads, _compress, _keys
+from vatra.comm.overlap import run_bucket
+from vatra.comm.ring import PIECE_BYTES
+from vatra.comm.topology import ByteCounter, nbytes, wait_all
+
+if TYPE_CHECKING:
+    from vatra.comm.adam1bit import Adam1BitState
+
+__all__ = ["adam1bit_hook", "chunks", "compressed_average"]
+
+
+def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Warm-up: the exact average of the gradients. Compressed: each rank's momentum mᵢ, averaged
+    by the two-sided compressed all-reduce; m̄ goes where the gradient was."""
+    buffer, keys, grads = bucket.buffer(), _keys(bucket), bucket.gradients()
+    frozen = state.frozen
+
+    def work() -> torch.Tensor:
+        t0 = time.perf_counter()
+        world = state.topology.world_size
+        if not frozen:
+            state.topology.all_reduce_(buffer)
+            buffer.div_(world)
+        else:
+            for key, g in zip(keys, grads, strict=True):
+                state.momentum_(key, g)
+            least = max(state.min_numel, world)  # a tensor smaller than the world has no chunk per rank
+            small = [g for g in grads if g.numel() < least]
+            if small:
+                all_reduce_coalesced_(small, state.topology, state.bucket_bytes)
+                torch._foreach_div_(small, world)
+            large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= least]
+            if large:
+                if isinstance(state.compressor, SparseCompressor) and state.ratio is not None:
+                    state.compressor.ratio = state.ratio_at(state.step)
+                # compressed as the update it makes, m/(√v̂ + ε): a coordinate whose v̂ is ~0 (an
+                # input that is always 0) must not get a scale of other coordinates' size, over ε
+                denominators = [state.denominator(k) for k, _ in large]
+                torch._foreach_div_([g for _, g in large], denominators)
+                compressed_average(state, large)
+                torch._foreach_mul_([g for _, g in large], denominators)
+        state.comm_time_s += time.perf_counter() - t0
+        return buffer
+
+    return run_bucket(state.worker, work)
+
+
+def chunks(t: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """``world`` views of ``t`` that cover it: blocks of whole rows of a matrix (at least one row
+    each), else pieces of the flat tensor. Only the shape decides, so every rank cuts alike."""
+    if t.dim() >= 2 and t.shape[0] >= world:
+        return list(t.reshape(t.shape[0], -1).tensor_split(world, dim=0))  # (rows_j, n/rows)
+    return list(t.reshape(-1).tensor_split(world))
+
+
+def compressed_average(state: "Adam1BitState", large: list[tuple[int, torch.Tensor]]) -> None:
+    """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks."""
+    comp = state.compressor
+    if comp.sums:
+        payloads, summed = _compress(state, large)  # worker error feedback in state.memory
+        _average_payloads(state, large, payloads, summed, state.sum_topology, state.topology)
+        return
+    memory, world, rank = state.memory, state.topology.world_size, state.topology.rank
+    assert isinstance(memory, TwoSidedMemory)
+    worker: list[list[Payload]] = [[] for _ in range(world)]  # [chunk j][tensor]: this rank's payloads
+    ctxs: list[list[Ctx]] = [[] for _ in range(world)]  # [chunk j][tensor]
+    for key, m in large:
+        x = memory.compensate(m, key)  # mᵢ + eᵢ
+        sent = torch.empty_like(x)
+        if state.draws is not None:
+            state.draws.reseed(key, state.step)
+        for j, (part, out) in enumerate(zip(chunks(x, world), chunks(sent, world), strict=True)):
+            payload, ctx = comp.compress(part)
+            out.copy_(comp.decompress(payload, ctx).view_as(out))
+            worker[j].append(payload)
+            ctxs[j].append(ctx)
+        memory.update(x, key, sent)
+    # 2. chunk j of every tensor to its server j; this rank's chunk from every rank
+    mine = worker[rank]
+    got = _swap(
+        state, {j: worker[j] for j in range(world) if j != rank}, {i: mine for i in range(world) if i != rank}
+    )
+    got[rank] = mine
+    # 3. the average of this rank's chunk, compressed again with the server's error feedback
+    served: list[Payload] = []
+    for t, ((key, _), ctx) in enumerate(zip(large, ctxs[rank], strict=True)):
+        total = torch.zeros(ctx.shape, dtype=ctx.dtype)  # (chunk shape)
+        for i in range(world):
+            total += comp.decompress(got[i][t], ctx)
+        a = memory.compensate_server(total.div_(world), key)
+        back, back_ctx = comp.compress(a)
+        memory.update_server(a, key, comp.decompress(back, back_ctx))
+        served.append(back)
+    # 4. every server's chunk to every rank; all decompress the same m̄
+    chunk_of = _swap(
+        state,
+        {j: served for j in range(world) if j != rank},
+        {i: worker[i] for i in range(world) if i != rank},
+    )
+    chunk_of[rank] = served
+    for t, (_, g) in enumerate(large):
+        for j, part in enumerate(chunks(g, world)):
+            part.copy_(comp.decompress(chunk_of[j][t], ctxs[j][t]).view_as(part))
+
+
+def _swap(
+    state: "Adam1BitState", send: dict[int, list[Payload]], like: dict[int, list[Payload]]
+) -> dict[int, list[Payload]]:
+    """Send ``send[j]`` (a payload per tensor) to rank j; receive from each rank i payloads shaped
+    as ``like[i]``."""
+    out = {i: torch.empty(sum(nbytes(t) for p in ps for t in p), dtype=torch.uint8) for i, ps in like.items()}
+    _exchange({j: _pack([t for p in ps for t in p]) for j, ps in send.items()}, out, state.counter)
+    return {i: _regroup(_unpack(out[i], [t for p in like[i] for t in p]), like[i]) for i in like}
+
+
+def _regroup(flat: list[torch.Tensor], like: list[Payload]) -> list[Payload]:
+    """A flat list of payload tensors cut into payloads as long as ``like``'s."""
+    out, start = [], 0
+    for p in like:
+        out.append(flat[start : start + len(p)])
+        start += len(p)
+    return out
+
+
+def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Tensors as one byte buffer (B,)."""
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def _unpack(raw: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inverse of :func:`_pack` for tensors of ``like``'s shapes and dtypes."""
+    parts = raw.split([nbytes(t) for t in like])
+    # clone: a byte slice may sit at an offset the wider dtype cannot view
+    return [p.clone().view(t.dtype).view(t.shape) for p, t in zip(parts, like, strict=True)]
+
+
+def _exchange(send: dict[int, torch.Tensor], recv: dict[int, torch.Tensor], counter: ByteCounter) -> None:
+    """Point to point: ``send[j]`` to rank j and ``recv[i]`` filled from rank i, receives posted
+    first, messages in pieces of at most 4 MiB (as vatra's ring, for the same reason)."""
+    reqs: list[dist.Work | None] = []
+    for src, buf in recv.items():
+        reqs += [dist.irecv(piece, src=src) for piece in _pieces(buf)]
+    for dst, buf in send.items():
+        for piece in _pieces(buf):
+            reqs.append(dist.isend(piece, dst=dst))
+            counter.add(nbytes(piece))
+    wait_all(reqs)
+
+
+def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
+    return list(t.split(PIECE_BYTES)) if t.numel() else []
