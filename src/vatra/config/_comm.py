@@ -61,7 +61,7 @@ class CommConfig(Section):
             "DGC momentum correction: with optim.name = 'sgd' and momentum m, each rank compresses its "
             "own velocity (u ← m·u + g, error feedback on u) and the optimizer's momentum is turned off; "
             "sparsifiers also clear u where they sent (momentum-factor masking). auto = on where it "
-            "applies and helps: onebit under sgd with momentum (not the sparsifiers: see "
+            "applies and helps: onebit and randomk under sgd with momentum (not topk: see "
             "docs/communication.md)."
         ),
     )
