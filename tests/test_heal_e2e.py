@@ -50,7 +50,9 @@ def test_faults_under_gradient_compression_heal_once(tmp_path: Path) -> None:
     runs = {
         "nan-topk": ["chaos.inject_nan_at=[120]", "comm.method=topk"],
         "nan-powersgd": ["chaos.inject_nan_at=[120]", "comm.method=powersgd"],
-        "spike-topk": ["chaos.grad_spike_at=[120]", "comm.method=topk"],
+        # the gradient path: under 1-bit Adam (AdamW's default with topk) the spike enters the
+        # momentum, whose update is clipped to Adam's bound, and healing has nothing to skip
+        "spike-topk": ["chaos.grad_spike_at=[120]", "comm.method=topk", "comm.adam1bit=false"],
     }
     with ThreadPoolExecutor(len(runs)) as pool:  # side by side: each pair of ranks on its own port
         done = pool.map(lambda name: train_ranks(tmp_path / name, *base, *runs[name]), runs)

@@ -59,7 +59,7 @@ METHODS = ("onebit", "topk", "randomk")
 # The compressed phase's shares (comm.ratio = "auto"): the momentum is smoother than a gradient,
 # and error feedback delivers what waits.
 AUTO_RATIO = {"topk": 0.01, "randomk": 0.05}
-VARIANCE_TOL = 0.01  # relative change of |v̂| per step
+VARIANCE_TOL = 0.02  # relative change of |v̂| per step
 VARIANCE_WINDOW = 20  # steps in a row under VARIANCE_TOL
 CAP_SHARE = 0.25  # frozen by this share of train.steps at the latest
 
@@ -78,9 +78,11 @@ class TwoSidedMemory(Memory):
     """Error feedback on both sides of the compressed all-reduce: ``residuals`` holds each rank's
     worker error eᵢ (of the whole tensor), ``server`` the error of the chunk this rank serves."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: list[Hashable] = []) -> None:  # noqa: B006 (read only)
         super().__init__()
         self.server: dict[Hashable, torch.Tensor] = {}
+        self.keys = list(keys)  # every parameter's: the freeze is saved under each of them
+        self.frozen_step: int | None = None  # when the variance was frozen (kept through forget)
 
     def compensate_server(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
         residual = self.server.get(key)
@@ -104,11 +106,16 @@ class TwoSidedMemory(Memory):
         return float(sum(r.float().norm() ** 2 for r in parts) ** 0.5)
 
     def state_dict(self) -> dict[str, dict[Hashable, torch.Tensor]]:
-        return {**super().state_dict(), "server": self.server}
+        state = {**super().state_dict(), "server": self.server}
+        if self.frozen_step is not None:  # a checkpoint renames keys: one copy under each parameter
+            state["frozen_step"] = {k: torch.tensor(self.frozen_step) for k in self.keys}
+        return state
 
     def load_state_dict(self, state: dict[str, dict[Hashable, torch.Tensor]]) -> None:
         super().load_state_dict(state)
         self.server = dict(state.get("server", {}))
+        frozen = list(state.get("frozen_step", {}).values())
+        self.frozen_step = int(frozen[0]) if frozen else None
 
 
 class _FrozenVariance(torch.optim.Optimizer):
@@ -218,26 +225,30 @@ class Adam1BitState(HookState):
     params: dict[int, torch.nn.Parameter] = field(default_factory=dict)
     frozen: bool = False
     groups: dict[int, dict[str, Any]] = field(default_factory=dict)
+    fp32_resends: int = 0  # warm-up steps whose fp16 sum overflowed and went again in fp32
 
     def refresh(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         self.frozen = optimizer.param_groups[0].get("frozen_step") is not None
         self.groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
 
-    def momentum_(self, key: int, grad: torch.Tensor) -> None:
-        """This rank's mᵢ = β₁·m + (1 − β₁)·gᵢ, in place of ``grad`` (Adam's L2 decay added first)."""
+    def to_update_(self, key: int, grad: torch.Tensor) -> torch.Tensor:
+        """``grad`` becomes the update this rank's momentum makes, u = mᵢ/(√v̂ + ε) with
+        mᵢ = β₁·m + (1 − β₁)·gᵢ (Adam's L2 decay added to gᵢ first), clipped to the largest |m/√v|
+        Adam itself can reach, (1 − β₁)/√((1 − β₂)(1 − β₁²/β₂)) (Cauchy–Schwarz over the two
+        averages): with v frozen, a coordinate whose gradient grows after the freeze could go
+        further, and one whose v̂ was 0 would divide by ε. Returns √v̂ + ε."""
         assert self.optimizer is not None
         p, group = self.params[key], self.groups[key]
-        beta1, _ = group["betas"]
+        beta1, beta2 = group["betas"]
         if not isinstance(self.optimizer, torch.optim.AdamW) and group["weight_decay"]:
             grad.add_(p.detach(), alpha=group["weight_decay"])
-        grad.mul_(1.0 - beta1).add_(self.optimizer.state[p]["exp_avg"], alpha=beta1)
-
-    def denominator(self, key: int) -> torch.Tensor:
-        """Adam's √v̂ + ε with the frozen v̂: what the update divides the momentum by."""
-        assert self.optimizer is not None
-        p = self.params[key]
-        return self.optimizer.state[p]["exp_avg_sq"].sqrt().add_(self.groups[key]["eps"])
+        st = self.optimizer.state[p]
+        grad.mul_(1.0 - beta1).add_(st["exp_avg"], alpha=beta1)
+        denominator = st["exp_avg_sq"].sqrt().add_(group["eps"])
+        bound = (1.0 - beta1) / math.sqrt((1.0 - beta2) * (1.0 - beta1**2 / beta2))
+        grad.div_(denominator).clamp_(-bound, bound)
+        return denominator
 
 
 class Adam1Bit:
@@ -266,6 +277,7 @@ class Adam1Bit:
         self.cfg = comm.model_copy(update={"ratio": "auto" if ratio is None else ratio})
         trainer.optimizer = frozen_optimizer(trainer.optimizer)
         trainer.scheduler = rebind_scheduler(trainer.scheduler, trainer.optimizer)
+        self.memory = TwoSidedMemory([id(p) for p in trainer.module.parameters()])
         draws = None
         if compressor.stochastic:  # random-k: every rank draws the same indices; values all-reduced
             compressor.shared = compressor.can_share_draws
@@ -274,7 +286,7 @@ class Adam1Bit:
             )
         self.state = Adam1BitState(
             compressor=compressor,
-            memory=TwoSidedMemory(),
+            memory=self.memory,
             topology=topology,
             start_step=self.start or 0,
             min_numel=comm.min_numel,
@@ -291,6 +303,14 @@ class Adam1Bit:
         )  # fmt: skip
 
     def on_step_start(self, trainer: Trainer) -> None:
+        frozen = self.memory.frozen_step
+        groups = trainer.optimizer.param_groups
+        if frozen is not None and groups[0].get("frozen_step") is None:
+            # resumed (or rolled back) past the freeze: the loaded v is already the frozen v̂, and
+            # the optimizer's state_dict does not keep the groups' extra key through a checkpoint
+            for group in groups:
+                group["frozen_step"] = frozen
+            self.started = frozen
         self.state.refresh(trainer.optimizer)
 
     def after_update(self, trainer: Trainer) -> None:
@@ -312,7 +332,7 @@ class Adam1Bit:
         else:
             return
         freeze_(trainer.optimizer, step)
-        self.started = step
+        self.started = self.memory.frozen_step = step
         warm = self.cfg.sparsity_warmup
         self.state.start_step = step
         self.state.sparsity_warmup = step if warm == "auto" else int(warm)

@@ -46,32 +46,48 @@ def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futu
 
     def work() -> torch.Tensor:
         t0 = time.perf_counter()
-        world = state.topology.world_size
         if not frozen:
-            state.topology.all_reduce_(buffer)
-            buffer.div_(world)
+            _half_average_(buffer, state)
         else:
-            for key, g in zip(keys, grads, strict=True):
-                state.momentum_(key, g)
-            least = max(state.min_numel, world)  # a tensor smaller than the world has no chunk per rank
-            small = [g for g in grads if g.numel() < least]
-            if small:
-                all_reduce_coalesced_(small, state.topology, state.bucket_bytes)
-                torch._foreach_div_(small, world)
-            large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= least]
-            if large:
-                if isinstance(state.compressor, SparseCompressor) and state.ratio is not None:
-                    state.compressor.ratio = state.ratio_at(state.step)
-                # compressed as the update it makes, m/(√v̂ + ε): a coordinate whose v̂ is ~0 (an
-                # input that is always 0) must not get a scale of other coordinates' size, over ε
-                denominators = [state.denominator(k) for k, _ in large]
-                torch._foreach_div_([g for _, g in large], denominators)
-                compressed_average(state, large)
-                torch._foreach_mul_([g for _, g in large], denominators)
+            _momentum_average(state, keys, grads)
         state.comm_time_s += time.perf_counter() - t0
         return buffer
 
     return run_bucket(state.worker, work)
+
+
+def _half_average_(buffer: torch.Tensor, state: "Adam1BitState") -> None:
+    """The warm-up's average of the gradients, sent in fp16 (half the bytes; the sums every rank
+    gets are the same, so a sum that overflows is sent again in fp32 by every rank)."""
+    half = buffer.half()
+    state.topology.all_reduce_(half)
+    if torch.isfinite(half).all():
+        buffer.copy_(half)
+    else:
+        state.fp32_resends += 1
+        state.topology.all_reduce_(buffer)
+    buffer.div_(state.topology.world_size)
+
+
+def _momentum_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
+    """Each gradient becomes the rank's momentum, averaged across ranks. What travels is the update
+    that momentum makes, u = mᵢ/(√v̂ + ε): compressed as m, a coordinate whose frozen v̂ is ~0 (an
+    input that is always 0 in the warm-up) would get a value of its neighbours' size, over ε."""
+    world = state.topology.world_size
+    denominators = [state.to_update_(k, g) for k, g in zip(keys, grads, strict=True)]
+    least = max(state.min_numel, world)  # a tensor smaller than the world has no chunk per rank
+    small = [g for g in grads if g.numel() < least]
+    if small:  # |u| is clipped to Adam's bound (~7.3): half precision cannot overflow
+        halves = [g.half() for g in small]
+        all_reduce_coalesced_(halves, state.topology, state.bucket_bytes)
+        for g, h in zip(small, halves, strict=True):
+            g.copy_(h).div_(world)
+    large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= least]
+    if large:
+        if isinstance(state.compressor, SparseCompressor) and state.ratio is not None:
+            state.compressor.ratio = state.ratio_at(state.step)
+        compressed_average(state, large)
+    torch._foreach_mul_(grads, denominators)  # back to the momentum: m̄
 
 
 def chunks(t: torch.Tensor, world: int) -> list[torch.Tensor]:

@@ -1,0 +1,270 @@
+"""1-bit Adam (``vatra.comm.adam1bit``) on 2 gloo ranks against a reference written here from the
+paper's equations (Tang et al., 2021, Algorithm 1 with its compressed all-reduce), step by step
+through the warm-up and the switch; and the Adam path left alone with ``comm.method = "none"``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from tests._dist import rewind, spawn, train_ranks
+from tests.conftest import small_config
+
+from vatra.comm.adam1bit import VarianceWatch
+from vatra.comm.plugin import CommPlugin
+from vatra.config import Config
+from vatra.engine import DistContext, Plugin, Trainer
+from vatra.rundir import read_jsonl
+
+WORLD = 2
+STEPS = 20
+FREEZE = 8  # comm.start_step: 8 full-precision Adam steps, then 12 compressed ones
+MIN_NUMEL = 64  # the biases (32 and 10 elements) travel as an exact average, the matrices compressed
+
+
+def _onebit(x: torch.Tensor) -> torch.Tensor:
+    """sign(x)·mean|x| per row of a 2-D chunk, per chunk when flat (a sign of 0 is +)."""
+    scale = x.abs().mean(dim=-1, keepdim=True)
+    return torch.where(x >= 0, scale, -scale)
+
+
+def _topk(ratio: float) -> Any:
+    def compress(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1)
+        k = max(1, math.ceil(ratio * flat.numel()))
+        kept = torch.zeros_like(flat)
+        idx = flat.abs().topk(k).indices
+        kept[idx] = flat[idx]
+        return kept.view_as(x)
+
+    return compress
+
+
+def _chunks(t: torch.Tensor) -> list[torch.Tensor]:
+    """Rank j serves chunk j: blocks of whole rows of a matrix, else pieces of the flat tensor."""
+    if t.dim() >= 2 and t.shape[0] >= WORLD:
+        return list(t.reshape(t.shape[0], -1).tensor_split(WORLD))
+    return list(t.reshape(-1).tensor_split(WORLD))
+
+
+class Reference:
+    """1-bit Adam from the equations, for every rank at once (it is given all ranks' gradients).
+
+    Warm-up (t < T₀): ḡ = mean of the gᵢ (sent in fp16), m ← β₁m + (1−β₁)ḡ, v ← β₂v + (1−β₂)ḡ²,
+    x ← x(1 − ηλ) − η·m/(1−β₁ᵗ) / (√v/√(1−β₂ᵗ) + ε) (AdamW). At T₀: v̂ = v/(1−β₂^T₀), frozen.
+    Compressed: mᵢ = β₁m + (1−β₁)gᵢ, uᵢ = clip(mᵢ/(√v̂+ε), ±B); per chunk j: cᵢⱼ = C(uᵢ + eᵢ)ⱼ,
+    eᵢ ← uᵢ + eᵢ − cᵢ; server j: aⱼ = mean_i cᵢⱼ + sⱼ, ĉⱼ = C(aⱼ), sⱼ ← aⱼ − ĉⱼ; ū = (ĉⱼ)ⱼ,
+    m ← ū(√v̂+ε), x ← x(1 − ηλ) − η·m/(1−β₁ᵗ)/(√v̂+ε). Small tensors: ū = mean of the uᵢ (fp16)."""
+
+    def __init__(self, params: dict[str, torch.Tensor], compress: Any, cfg: Config) -> None:
+        self.x = {n: p.detach().clone() for n, p in params.items()}
+        self.m = {n: torch.zeros_like(p) for n, p in self.x.items()}
+        self.v = {n: torch.zeros_like(p) for n, p in self.x.items()}
+        self.e = {(n, i): torch.zeros_like(p) for n, p in self.x.items() for i in range(WORLD)}
+        self.s = {(n, j): torch.zeros_like(c) for n, p in self.x.items() for j, c in enumerate(_chunks(p))}
+        self.compress = compress
+        self.b1, self.b2, self.eps = 0.9, 0.999, 1e-8
+        self.wd = cfg.optim.weight_decay
+        self.bound = (1 - self.b1) / math.sqrt((1 - self.b2) * (1 - self.b1**2 / self.b2))
+        self.t = 0
+
+    def step(self, grads: list[dict[str, torch.Tensor]], lr: float) -> None:
+        self.t += 1
+        t, b1, b2, eps = self.t, self.b1, self.b2, self.eps
+        if t == FREEZE + 1:
+            for n in self.v:
+                self.v[n] = self.v[n] / (1 - b2**FREEZE)
+        for n, x in self.x.items():
+            x.mul_(1 - lr * self.wd)
+            if t <= FREEZE:
+                g = sum(gi[n].half() for gi in grads).float() / WORLD  # type: ignore[union-attr]
+                self.m[n] = b1 * self.m[n] + (1 - b1) * g
+                self.v[n] = b2 * self.v[n] + (1 - b2) * g * g
+                denom = self.v[n].sqrt() / math.sqrt(1 - b2**t) + eps
+            else:
+                denom = self.v[n].sqrt() + eps
+                u = [
+                    ((b1 * self.m[n] + (1 - b1) * gi[n]) / denom).clamp(-self.bound, self.bound)
+                    for gi in grads
+                ]
+                if x.numel() < MIN_NUMEL:
+                    avg = sum(ui.half() for ui in u).float() / WORLD  # type: ignore[union-attr]
+                else:
+                    avg = self._compressed_average(n, u)
+                self.m[n] = avg * denom
+            x.addcdiv_(self.m[n], denom, value=-lr / (1 - b1**t))
+
+    def _compressed_average(self, name: str, u: list[torch.Tensor]) -> torch.Tensor:
+        sent = []
+        for i, ui in enumerate(u):
+            xi = ui + self.e[name, i]
+            ci = [self.compress(c) for c in _chunks(xi)]
+            self.e[name, i] = xi - torch.cat([c.reshape(-1) for c in ci]).view_as(xi)
+            sent.append(ci)
+        out = []
+        for j in range(WORLD):
+            a = sum(sent[i][j] for i in range(WORLD)) / WORLD + self.s[name, j]
+            c = self.compress(a)
+            self.s[name, j] = a - c
+            out.append(c.reshape(-1))
+        return torch.cat(out).view_as(u[0])
+
+
+class _Compare(Plugin):
+    """Placed after the comm plugin: captures this rank's own gradients (tensor hooks fire before
+    DDP averages them), steps the reference with every rank's, and compares after each update."""
+
+    def __init__(self, compress: Any, cfg: Config) -> None:
+        self.compress, self.cfg = compress, cfg
+        self.local: dict[str, torch.Tensor] = {}
+        self.worst = 0.0
+        self.bytes: list[int] = []
+        self.events: list[dict[str, Any]] = []
+
+    def on_fit_start(self, trainer: Trainer) -> None:
+        params = dict(trainer.model.named_parameters())
+        self.ref = Reference(params, self.compress, self.cfg)
+        for name, p in params.items():
+            p.register_hook(lambda g, name=name: self.local.__setitem__(name, g.detach().clone()))
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        self.lr = trainer.optimizer.param_groups[0]["lr"]
+
+    def after_update(self, trainer: Trainer) -> None:
+        grads: list[dict[str, torch.Tensor]] = [{} for _ in range(WORLD)]
+        for name in sorted(self.local):
+            parts = [torch.empty_like(self.local[name]) for _ in range(WORLD)]
+            dist.all_gather(parts, self.local[name])
+            for i in range(WORLD):
+                grads[i][name] = parts[i]
+        self.ref.step(grads, self.lr)
+        for name, p in trainer.model.named_parameters():
+            # the same arithmetic in another order (torch's foreach Adam, fused buffers): float
+            # rounding, compounded over 20 steps; a sign or top-k choice that flipped would be ~1e-3
+            torch.testing.assert_close(p.detach(), self.ref.x[name], rtol=1e-5, atol=1e-6)
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self.bytes.append(metrics["comm_bytes"])
+
+    def on_event(self, trainer: Trainer, kind: str, fields: dict[str, Any]) -> None:
+        if kind == "compression_started":
+            self.events.append(fields)
+
+
+def _config(method: str, **comm: Any) -> Config:
+    return small_config(
+        train={"steps": STEPS, "batch_size": 16},
+        optim={"name": "adamw", "lr": 0.01, "weight_decay": 0.05, "schedule": "cosine", "warmup_steps": 3},
+        dist={"bucket_cap_mb": 0.004},  # several DDP buckets
+        comm={"method": method, "start_step": FREEZE, "min_numel": MIN_NUMEL, **comm},
+    )
+
+
+def _params(trainer: Trainer) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+
+
+def _worker(rank: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(1)
+    ctx = DistContext.init(
+        small_config().dist, rank=rank, world_size=WORLD, init_method=f"file://{init_file}"
+    )
+    results: dict[str, Any] = {}
+    try:
+        for method, compress in (("onebit", _onebit), ("topk", _topk(0.02))):
+            cfg = _config(method, ratio=0.02, onebit_scale="row", sparsity_warmup=0)
+            compare = _Compare(compress, cfg)
+            trainer = Trainer.from_config(cfg, dist=ctx, plugins=[CommPlugin(cfg.comm), compare])
+            summary = trainer.fit()
+            results[method] = {"bytes": compare.bytes, "events": compare.events, "summary": summary}
+        # comm.method = "none": DDP's own all-reduce and torch's AdamW, bit for bit as without vatra's plugin
+        cfg = _config("none")
+        plain = Trainer.from_config(cfg, dist=ctx)
+        plain.fit()
+        hooked = Trainer.from_config(cfg, dist=ctx, plugins=[CommPlugin(cfg.comm)])
+        hooked.fit()
+        results["none_equal"] = torch.equal(_params(plain), _params(hooked))
+        results["none_optimizer"] = type(hooked.optimizer) is torch.optim.AdamW
+        if rank == 0:
+            Path(out).write_text(json.dumps(results, default=str))
+    finally:
+        ctx.destroy()
+
+
+@pytest.mark.slow(12)
+def test_onebit_adam_equals_the_reference_step_by_step(tmp_path: Path) -> None:
+    # Prepare
+    out = tmp_path / "results.json"
+    # Execute: the reference comparison runs inside every rank, after every step
+    spawn(_worker, WORLD, (str(tmp_path / "rdzv"), str(out)))
+    # Assert
+    r = json.loads(out.read_text())
+    numel = {"trunk.0.weight": 32 * 64, "trunk.0.bias": 32, "head.weight": 10 * 32, "head.bias": 10}
+    full = sum(numel.values())
+    for method in ("onebit", "topk"):
+        sent = r[method]["bytes"]
+        assert r[method]["summary"]["compression_started_step"] == FREEZE
+        assert [e["step"] for e in r[method]["events"]] == [FREEZE]
+        assert "comm.start_step" in r[method]["events"][0]["reason"]
+        # warm-up: the gradients in fp16, a 2-rank all-reduce sends half of them
+        assert sent[:FREEZE] == [2 * full] * FREEZE
+        assert len(set(sent[FREEZE:])) == 1
+    # compressed (2 ranks): one chunk's payload to its server, the served chunk's to the other
+    # rank = one compressed copy; the biases' u in fp16
+    rows = {"trunk.0.weight": 32, "head.weight": 10}
+    onebit = sum(math.ceil(n / 2 / 8) * 2 + 4 * rows[k] for k, n in numel.items() if k in rows)
+    assert r["onebit"]["bytes"][FREEZE] == onebit + 2 * 42
+    topk = sum(2 * 8 * math.ceil(0.02 * n / 2) for k, n in numel.items() if k in rows)  # int32 + fp32
+    assert r["topk"]["bytes"][FREEZE] == topk + 2 * 42
+    assert r["none_equal"] and r["none_optimizer"]
+
+
+def test_variance_watch_freezes_a_settled_second_moment_and_not_a_rising_one() -> None:
+    """Synthetic second moments: v̂ still growing by 5 % a step is not frozen; once it moves
+    by under 2 % a step for the window (and the LR warm-up is over), it is."""
+
+    def run(norms: list[float]) -> int | None:
+        watch = VarianceWatch(tol=0.02, window=20, after=10)
+        p = torch.nn.Parameter(torch.zeros(4))
+        opt = torch.optim.AdamW([p], betas=(0.9, 0.0))  # β₂ = 0: v̂ is the last squared gradient
+        for step, n in enumerate(norms, 1):
+            p.grad = torch.full((4,), math.sqrt(n))  # ‖v̂‖ = 2n
+            opt.step()
+            if watch.settled(opt, step):
+                return step
+        return None
+
+    rising = [1.05**k for k in range(100)]
+    assert run(rising) is None
+    settled = [1.05**k for k in range(30)] + [1.05**30 * (1 + 0.005 * (-1) ** k) for k in range(60)]
+    assert run(settled) == 30 + 1 + 20  # the first step off the slope still moved by 5.5 %
+
+
+RESUME = [
+    *("train.steps=16", "train.eval_every=0", "model.hidden=[32]", "optim.warmup_steps=0"),
+    *("comm.method=onebit", "comm.start_step=4", "checkpoint.every_steps=4"),
+    *("monitor.enabled=false", "heal.enabled=false", "run.tensorboard=false", "run.progress=off"),
+]
+
+
+@pytest.mark.slow(19)
+def test_a_resumed_onebit_adam_run_repeats_the_uninterrupted_one(tmp_path: Path) -> None:
+    # Prepare: digits' AdamW, frozen after step 4, checkpoints every 4 steps; a copy rewound to step 8
+    run, again = tmp_path / "run", tmp_path / "again"
+    summary = train_ranks(run, *RESUME)
+    done = rewind(run, again, step=8)
+    # Execute: train the copy again from step 8
+    train_ranks(again, *RESUME)
+    # Assert: the same losses at steps 9-16 (the freeze, the momentum, both sides' residuals were
+    # restored; a run that restarted its warm-up or its residuals differs from step 9 on)
+    assert summary["compression_started_step"] == 4
+    lines = read_jsonl(again / "metrics.jsonl")
+    before = {m["step"]: m["loss"] for m in lines[:done]}
+    after = {m["step"]: m["loss"] for m in lines[done:]}
+    assert sorted(after) == list(range(9, 17))
+    assert all(after[s] == before[s] for s in after), (before, after)
