@@ -156,7 +156,7 @@ class CompressionStart:
         """Feed the step's loss, averaged over the ranks (every rank calls this: a collective)."""
         if self.detector is None or self.detector.decided is not None:
             return
-        mean = torch.tensor([loss if math.isfinite(loss) else math.nan], dtype=torch.float64)
+        mean = torch.tensor([loss if math.isfinite(loss) else math.nan])  # fp32, as any gradient
         topology.all_reduce_(mean)  # NaN on any rank stays NaN: that step is not fed
         self.detector.update(trainer.state.step, float(mean) / topology.world_size)
 
