@@ -162,7 +162,9 @@ def test_a_stochastic_compressors_draws_follow_the_step_and_the_tensor_only(tmp_
                 cfg=load_config(None, ["run.seed=7"]),  # AdamW, no LR warm-up: compressed from step 0
                 log_event=lambda *args, **kwargs: None,
             )
-            plugin = CommPlugin(CommConfig(method=method, ratio=0.25, min_numel=0, topology="flat"))
+            # the gradient path (AdamW would get 1-bit Adam, which needs the trainer's optimizer)
+            comm = CommConfig(method=method, ratio=0.25, min_numel=0, topology="flat", adam1bit=False)
+            plugin = CommPlugin(comm)
             plugin.on_fit_start(trainer)
             return plugin, trainer
 

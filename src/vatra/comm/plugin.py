@@ -219,7 +219,7 @@ class CommPlugin(Plugin):
             self.total_cross_host_bytes += self.state.counter.cross_host
             metrics["comm_cross_host_bytes"] = self.state.counter.cross_host
         metrics["comm_time_s"] = self.state.comm_time_s if self.state is not None else 0.0
-        if isinstance(self.state, LowRankState) and self.state.fp32_resends:
+        if isinstance(self.state, LowRankState | adam1bit.Adam1BitState) and self.state.fp32_resends:
             metrics["comm_fp32_resends"] = self.state.fp32_resends  # so far: half-precision overflows
         if isinstance(self.state, HookState | LowRankState) and self.state.memory.residuals:
             # how much error feedback is holding back: growth without bound means the compressor

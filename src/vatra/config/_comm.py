@@ -53,7 +53,8 @@ class CommConfig(Section):
         description="optim.name adam or adamw with onebit, topk or randomk: 1-bit Adam (full-precision "
         "Adam until its second moment settles, then that moment frozen and each rank's momentum "
         "compressed, with error feedback on both sides of the all-reduce; docs/compression-adam.md). "
-        "false: the gradients are compressed, as under SGD.",
+        "There comm.start_step = 'auto' freezes the variance when it has settled, a number after that "
+        "many steps. false: the gradients are compressed, as under SGD.",
     )
     momentum_correction: bool | Literal["auto"] = Field(
         "auto",
