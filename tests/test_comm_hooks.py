@@ -123,7 +123,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
                 k: t.numel() for k, t in saved[part].items()
             }
         # 4. Accuracy on digits under SGD: topk and onebit with only the method set (their recipe:
-        # a quarter of the steps uncompressed, topk 25 % sent, onebit's momentum correction).
+        # uncompressed until the loss settles, DGC's ramp to topk's 1 %, onebit's momentum correction).
         for method in ("none", "topk", "onebit"):
             cfg = small_config(**ACCURACY_CONFIG, comm={"method": method})
             _, summary = _train(cfg, ctx, CommPlugin(cfg.comm))
@@ -151,5 +151,6 @@ def test_hooks_equal_ddp_and_compressed_training_matches(tmp_path: Path) -> None
     # digits validation set: 360 images, so 1 point ≈ 4 images
     assert r["accuracy/topk"] >= r["accuracy/none"] - 0.01, r
     assert r["accuracy/onebit"] >= r["accuracy/none"] - 0.01, r
-    # 25 % with a bitmask after 75 full steps: (75 + 225 · 1.125/4) / 300 of the bytes ≈ 0.46
-    assert r["bytes/topk"] * 2 < r["bytes/none"]
+    # uncompressed until the loss settles (~90 of 300 steps), then 25 % falling to 1 %: 3.4× fewer
+    # bytes (a quarter of the steps uncompressed and 25 % after them: 2.2×)
+    assert r["bytes/topk"] * 3 < r["bytes/none"]

@@ -64,8 +64,9 @@ class Compressor:
     # generator alike and sets ``shared``, and the payloads are all-reduced.
     can_share_draws: ClassVar[bool] = False
     shared: bool = False
-    # The recipe's uncompressed warm-up (comm.start_step = "auto"), as a share of train.steps, for
-    # methods that lose accuracy under Adam without it (at least the LR warm-up in any case).
+    # Methods that lose accuracy when compressed from the start: with comm.start_step = "auto" they
+    # run uncompressed until the loss settles (vatra.comm.warmup), by this share of train.steps at
+    # the latest (and at least the LR warm-up in any case). 0: only the LR warm-up.
     dense_share: ClassVar[float] = 0.0
 
     @property

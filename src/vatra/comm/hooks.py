@@ -74,6 +74,9 @@ class HookState:
     sparsity_warmup: int = 0
     overlap: bool = False
     draws: TensorDraws | None = None
+    # DGC's local gradient clipping: on compressed steps each rank's gradient of a tensor is
+    # clipped to this norm before error feedback accumulates it (0 = off; see _clip_local)
+    local_clip: float = 0.0
     step: int = 0
     comm_time_s: float = 0.0  # time the buckets' work took (on the worker thread with overlap)
     counter: ByteCounter = field(init=False)
@@ -192,7 +195,7 @@ def _host_compressed_average(
         assert topo.leader_ring is not None
         _average_payloads(state, large, payloads, ctxs, topo.leader_ring, topo.leader_ring)
     else:
-        handed = [state.memory.compensate(g, k) for k, g in large]
+        handed = [state.memory.compensate(_clip_local(g, state.local_clip), k) for k, g in large]
         for k, _ in large:
             state.memory.drop(k)
         coalesced_(handed, topo.reduce_to_leader_, state.bucket_bytes)
@@ -205,7 +208,7 @@ def _compress(state: HookState, large: list[tuple[int, torch.Tensor]]) -> tuple[
     payloads: list[Payload] = []
     ctxs: list[Ctx] = []
     for key, g in large:
-        x = state.memory.compensate(g, key)
+        x = state.memory.compensate(_clip_local(g, state.local_clip), key)
         if state.draws is not None:
             state.draws.reseed(key, state.step)
         payload, ctx = comp.compress(x)
@@ -239,6 +242,17 @@ def _average_payloads(
         for rank_payload in per_rank:
             total += comp.decompress(rank_payload[a:b], ctx)
         g.copy_(total.div_(world))
+
+
+def _clip_local(grad: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """DGC's local gradient clipping (Lin et al. 2018, §3.2), per tensor: ``grad`` scaled down to
+    ``max_norm`` where its norm is larger. The trainer's ``train.clip_grad_norm`` clips the averaged
+    gradient after the exchange, which does not reach what error feedback keeps back: without this,
+    one rank's spike would sit in its residual (and velocity) and be sent over the next steps."""
+    if max_norm <= 0.0:
+        return grad
+    norm = float(grad.norm())
+    return grad * (max_norm / norm) if norm > max_norm else grad
 
 
 def _accumulate(state: HookState, grads: list[tuple[int, torch.Tensor]]) -> None:

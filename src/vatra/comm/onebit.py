@@ -20,7 +20,7 @@ class OneBit(Compressor):
     gradients get larger steps. Costs 4 bytes per row (1.6 % on top of the bits of a 2048-wide row).
     """
 
-    dense_share = 0.25  # with the LR warm-up only, it ended 1.8 points behind on synthetic and gpt_text
+    dense_share = 0.25  # with the LR warm-up only it ended 1.8 points behind (synthetic, gpt_text)
 
     def __init__(self, scale: str = "tensor") -> None:
         self.scale = scale

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from vatra.comm.powersgd import PowerSGDHookState, powersgd_hook
 from vatra.comm.recipe import resolve_recipe
 from vatra.comm.topology import ByteCounter, Topology
 from vatra.comm.topology_factory import build_topology
+from vatra.comm.warmup import CompressionStart, compression_start
 from vatra.config._comm import CommConfig
 from vatra.engine import Plugin
 from vatra.errors import ConfigError
@@ -49,14 +51,14 @@ class CommPlugin(Plugin):
         self.total_cross_host_bytes: int | None = None  # counted on the hierarchical topology only
         self.names: dict[int, str] = {}  # id(parameter) -> its name, for checkpoints of the memory
         self.device = torch.device("cpu")
+        self.start: CompressionStart | None = None  # when compression starts (vatra.comm.warmup)
         self.adam: adam1bit.Adam1Bit | None = None  # Adam(W) with onebit/topk/randomk: 1-bit Adam
 
     def on_fit_start(self, trainer: Trainer) -> None:
         if not isinstance(trainer.module, DDP):
             return
         compressor = None if self.cfg.method == "powersgd" else build_compressor(self.cfg)
-        asked = self.cfg
-        self.cfg = resolve_recipe(self.cfg, trainer.cfg, compressor)
+        asked, self.cfg = self.cfg, resolve_recipe(self.cfg, trainer.cfg, compressor)
         counter = ByteCounter()
         if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "torch":
             topology_name = "flat"  # torch's hook runs torch's own collectives
@@ -93,9 +95,17 @@ class CommPlugin(Plugin):
                 if use_memory:
                     self._checkpoint_memory(trainer)  # residuals (and velocities)
         c = self.cfg
+        start: int | str = c.start_step
+        ramp: int | str = c.sparsity_warmup
+        if self.adam is None:  # 1-bit Adam decides and records its own start: its variance settling
+            self.start = compression_start(asked, c, trainer.cfg, compressor)
+            trainer.state.rank_states["comm_warmup"] = self.start  # a resumed run decides as this one
+            if self.start.detector is not None:
+                start = f"when the loss settles, by {c.start_step}"
+                ramp = "as long as the warm-up" if self.start.ramp else ramp
         trainer.log_event(
-            "comm", method=c.method, topology=topology_name, overlap=c.overlap, start_step=c.start_step,
-            sparsity_warmup=c.sparsity_warmup, momentum_correction=c.momentum_correction, ratio=c.ratio,
+            "comm", method=c.method, topology=topology_name, overlap=c.overlap, start_step=start,
+            sparsity_warmup=ramp, momentum_correction=c.momentum_correction, ratio=c.ratio,
         )  # fmt: skip
 
     def _lowrank_state(self, trainer: Trainer, topology: Topology) -> LowRankState:
@@ -134,6 +144,10 @@ class CommPlugin(Plugin):
             index=_positions(trainer),
             device=trainer.dist.device,
         )
+        clip = trainer.cfg.train.clip_grad_norm
+        if use_memory and clip and not trainer.scaler.is_enabled():  # fp16's scaled gradients: no
+            # DGC scales the threshold by W^-1/2: the ranks' clipped gradients are summed
+            state.local_clip = clip / trainer.dist.world_size**0.5
         return state, use_memory
 
     def _checkpoint_memory(self, trainer: Trainer) -> None:
@@ -177,6 +191,9 @@ class CommPlugin(Plugin):
             self.state.step = trainer.state.step
             self.state.counter.reset()
             self.state.comm_time_s = 0.0
+        if self.start is not None:
+            own = self.state if isinstance(self.state, HookState | LowRankState) else None
+            self.start.on_step_start(trainer, own)
         if self.adam is not None:
             self.adam.on_step_start(trainer)
 
@@ -193,6 +210,8 @@ class CommPlugin(Plugin):
             self.total_bytes += self.builtin_bytes
             metrics["comm_bytes"] = self.builtin_bytes
             return
+        if self.start is not None and isinstance(self.state, HookState | LowRankState):
+            self.start.on_step_end(trainer, self.state.topology, float(metrics.get("loss", math.nan)))
         sent = self.state.counter.sent if self.state is not None else 0
         self.total_bytes += sent
         metrics["comm_bytes"] = sent
@@ -214,6 +233,8 @@ class CommPlugin(Plugin):
         if self.total_cross_host_bytes is not None:
             summary["comm_cross_host_bytes"] = self.total_cross_host_bytes
         summary["comm_method"] = self.cfg.method
+        if self.start is not None:
+            summary["compression_started_step"] = self.start.summary()
         if self.adam is not None:
             self.adam.summarize(summary)
 

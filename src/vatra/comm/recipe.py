@@ -3,18 +3,18 @@ the run's optimizer and schedule.
 
 A user who sets only ``comm.method`` gets, where it applies (every part stays overridable):
 
-* an uncompressed warm-up (``start_step``): at least the learning-rate warm-up
-  (``optim.warmup_steps``), and for the methods that lose accuracy under Adam without more a share of
-  ``train.steps`` (the class's ``dense_share``: a quarter for topk and onebit, 40 % for randomk):
-  with the LR warm-up alone, topk ended 3.6 points behind on synthetic, onebit 1.8, randomk 12.9;
-* for sparsifiers the class's ``auto_ratio``: topk keeps 25 % (at 10 % it ended 1.4 points behind on
-  gpt_text even after the dense quarter), randomk 50 %; at these shares a bitmask says where the
-  values are (n/8 bytes) instead of int32 indices, and randomk sends only values, all-reduced at
-  indices every rank draws alike;
-* DGC's sparsity warm-up (25 % sent, falling geometrically to ``comm.ratio`` over as many steps as
-  the dense warm-up) where ``comm.ratio`` is set below 25 %;
-* DGC momentum correction for onebit when the optimizer is SGD with momentum (not for the
-  sparsifiers: with it topk ended 1.9–4.2 points behind on digits, without it 0.3 ahead);
+* an uncompressed warm-up (``start_step``): for topk, onebit and randomk (the classes with a
+  ``dense_share``) it ends when the loss curve has settled (``vatra.comm.warmup``: never before the
+  LR warm-up, ``optim.warmup_steps``; at the latest at ``dense_share`` of ``train.steps``, the
+  fixed warm-up these methods had before: the value resolved here is that limit); for the other
+  lossy methods the LR warm-up;
+* for sparsifiers the class's ``auto_ratio``: topk keeps 1 %, randomk 3 % (randomk sends only
+  values, all-reduced at indices every rank draws alike);
+* DGC's sparsity warm-up after it (25 % sent, falling geometrically to ``comm.ratio`` over as many
+  steps as the dense warm-up took) where ``comm.ratio`` is below 25 %;
+* DGC momentum correction for onebit and randomk when the optimizer is SGD with momentum (not for
+  topk: with it topk ended 1.9–4.2 points behind on digits, without it 0.3 ahead), and
+  DGC's local gradient clipping wherever error feedback runs and ``train.clip_grad_norm`` is set;
 * per-row scales for onebit (the ``onebit_scale`` default), and for qsgd 127 levels with one norm
   per 512 elements (the ``levels`` and ``qsgd_bucket`` defaults).
 
@@ -43,11 +43,13 @@ def resolve_recipe(comm: CommConfig, cfg: Config, compressor: Compressor | None)
     mc = comm.momentum_correction
     if mc == "auto":
         feedback = compressor is not None and compressor.error_feedback and comm.error_feedback
-        # not for sparsifiers: on digits under SGD, topk with momentum correction (and its masking)
-        # ended 1.9 points behind at 1 % and 4.2 at 10 %, and 0.3 ahead without it at 10 %
-        mc = optim.name == "sgd" and optim.momentum > 0.0 and feedback and not (lossless or cast or sparse)
+        # not for topk: on digits under SGD (300 steps) with momentum correction (and its masking) it
+        # ended 1.9 points behind at 1 % and 4.2 at 10 %, 0.3 ahead without it at 10 %; randomk at 3 %
+        # (2,000 steps) ended 0.6 behind with it, 1.7 without
+        topk = sparse and not getattr(compressor, "stochastic", False)
+        mc = optim.name == "sgd" and optim.momentum > 0.0 and feedback and not (lossless or cast or topk)
     start = comm.start_step
-    if start == "auto":
+    if start == "auto":  # with a dense_share: the signal-driven warm-up's limit (vatra.comm.warmup)
         share = compressor.dense_share if compressor is not None else 0.0
         start = 0 if lossless or cast else max(optim.warmup_steps, math.ceil(share * cfg.train.steps))
     if comm.method == "powersgd" and comm.powersgd_impl == "torch":
@@ -59,7 +61,9 @@ def resolve_recipe(comm: CommConfig, cfg: Config, compressor: Compressor | None)
     elif ratio == "auto":
         ratio = AUTO_RATIO
     warm = comm.sparsity_warmup
-    if warm == "auto":  # DGC's warm-up starts at 25 % sent: nothing to warm up from at a larger share
+    # DGC's warm-up starts at 25 % sent: nothing to warm up from at a larger share; after a
+    # signal-driven warm-up vatra.comm.warmup sets it to the warm-up's measured length
+    if warm == "auto":
         warm = start if sparse and ratio < 0.25 else 0
     update = {"start_step": start, "sparsity_warmup": warm, "momentum_correction": mc, "ratio": ratio}
     return comm.model_copy(update=update)

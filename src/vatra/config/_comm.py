@@ -19,8 +19,8 @@ class CommConfig(Section):
     )
     ratio: float | Literal["auto"] = Field(
         "auto",
-        description="topk/randomk: share of elements sent per tensor. auto = topk 25 %, randomk 50 % for "
-        "gradients (10 % lost 1.4–12.9 points on the shipped examples), 1 % for federated uploads.",
+        description="topk/randomk: share of elements sent per tensor. auto = topk 1 %, randomk 3 % for "
+        "gradients (after the signal-driven warm-up and DGC's sparsity ramp), 1 % for federated uploads.",
     )
     onebit_scale: Literal["tensor", "row"] = Field(
         "row",
@@ -62,22 +62,25 @@ class CommConfig(Section):
             "DGC momentum correction: with optim.name = 'sgd' and momentum m, each rank compresses its "
             "own velocity (u ← m·u + g, error feedback on u) and the optimizer's momentum is turned off; "
             "sparsifiers also clear u where they sent (momentum-factor masking). auto = on where it "
-            "applies and helps: onebit under sgd with momentum (not the sparsifiers: see "
+            "applies and helps: onebit and randomk under sgd with momentum (not topk: see "
             "docs/communication.md)."
         ),
     )
     start_step: int | Literal["auto"] = Field(
         "auto",
-        description="Warm-up steps sent uncompressed. auto = for lossy methods the LR warm-up "
-        "(optim.warmup_steps), and for topk and onebit at least 25 % of train.steps, for randomk 40 %; "
-        "torch's powersgd hook needs at least 2 (it keys its state by DDP bucket, and DDP "
-        "rebuilds its buckets after the first step; vatra's keys it by parameter).",
+        description="Warm-up steps sent uncompressed. auto = for topk, onebit and randomk until the loss "
+        "curve settles (its average's fall over 20 steps under a quarter of its steepest: "
+        "vatra.comm.warmup), never before optim.warmup_steps and at the latest at 25 % of train.steps "
+        "(randomk 40 %); for other lossy methods the LR warm-up (optim.warmup_steps); torch's powersgd "
+        "hook needs at least 2 (it keys its state by DDP bucket, and DDP rebuilds its buckets after "
+        "the first step; vatra's keys it by parameter). The run records the step and the reason: "
+        "event compression_started, summary compression_started_step.",
     )
     sparsity_warmup: int | Literal["auto"] = Field(
         "auto",
         description="topk/randomk: for this many steps after start_step the share sent falls "
-        "exponentially from 25% to comm.ratio (DGC's warm-up). auto = as many steps as start_step when "
-        "comm.ratio is below 25 %, else 0.",
+        "exponentially from 25% to comm.ratio (DGC's warm-up). auto = as many steps as the uncompressed "
+        "warm-up took when comm.ratio is below 25 %, else 0.",
     )
     min_numel: int = Field(
         1024, ge=0, description="Tensors with fewer elements go uncompressed (biases, norms)."
