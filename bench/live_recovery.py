@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FAULTS = ("nan", "kill -9", "SIGTERM", "slow node")
 STOP_S = 3.0  # the slow node's pause
-STALL_WINDOW_S = 60.0  # a stall is the fault's when it begins this soon after it
+STALL_WINDOW_S = 10.0  # a stall is the fault's when it begins this soon after it
 
 
 def schedule(steps: int, every: int) -> list[tuple[str, int]]:
@@ -94,22 +94,21 @@ def _progress(run_dir: Path, rank: int) -> dict[str, Any] | None:
 def stall(history: list[tuple[float, int]], start: float, end: float, usual: float) -> float:
     """Rank 0's stall after a fault at ``start``: its longest wait for a next step that begins in the
     fault's first ``STALL_WINDOW_S`` (and before ``end``), less one usual step, plus the steps it
-    then did again (a restart resumes from a checkpoint). The window keeps a later, unrelated stall
-    (a load spike minutes after the fault) from being charged to it."""
+    did again there (a restart resumes from a checkpoint). The window keeps a later, unrelated stall
+    (a load spike a minute after the fault) from being charged to it."""
     before = [s for t, s in history if t <= start]
     after = [(t, s) for t, s in history if start < t <= end]
     if not before or not after:
         return 0.0
     points = [(start, before[-1]), *after]
     gaps = [
-        (points[i + 1][0] - points[i][0], i)
+        points[i + 1][0] - points[i][0]
         for i in range(len(points) - 1)
         if points[i][0] <= start + STALL_WINDOW_S
     ]
-    gap, at = max(gaps)
-    peak = max(s for _, s in points[: at + 1])
-    redone = max(0, peak - points[at + 1][1] + 1)  # steps from the resume back up to the peak
-    return round(max(0.0, gap - usual) + redone * usual, 3)
+    resumed = min(s for t, s in after if t <= start + STALL_WINDOW_S + max(gaps))
+    redone = max(0, before[-1] - resumed + 1)  # steps from the resume back up to the fault's step
+    return round(max(0.0, max(gaps) - usual) + redone * usual, 3)
 
 
 def run_arm(arm: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
