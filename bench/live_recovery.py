@@ -1,7 +1,7 @@
 """Live recovery against restart-based recovery: ETTR and the survivors' stall under repeated faults.
 
   python bench/live_recovery.py [--steps 3500] [--fault-every-steps 700] [--checkpoint-every 100]
-                                [--step-ms 30] [--heartbeat-ms 1000] [--together]
+                                [--step-ms 30] [--heartbeat-ms 2000] [--together]
 
 Two runs of the same training, one after the other (``--together``: at the same time, so both see
 the same machine load), each as a user starts it (``vatra train CONFIG --nproc 2 --run-dir DIR``):
@@ -192,7 +192,7 @@ def main() -> None:
     )
     parser.add_argument("--checkpoint-every", type=int, default=100, help="checkpoint.every_steps")
     parser.add_argument("--step-ms", type=float, default=30.0, help="rank 0's sleep per step (compute)")
-    parser.add_argument("--heartbeat-ms", type=int, default=1000, help="resilience.live_heartbeat_ms")
+    parser.add_argument("--heartbeat-ms", type=int, default=2000, help="resilience.live_heartbeat_ms")
     parser.add_argument("--together", action="store_true", help="run both arms at the same time")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2 if args.together else 1) as pool:
