@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import tomli_w
+import torch
 
 from conftest import vatra_in_process
 from vatra.config import load_config
@@ -187,3 +188,30 @@ def test_live_without_torchft_names_the_extra(
         "error: resilience.live = true needs the package 'torchft', which is not installed: "
         "pip install 'vatra[ft]'"
     ]
+
+
+class _Halving:
+    """``Manager.allreduce`` as seen by a group whose one peer sent zeros: the sum is this group's
+    own tensor, divided by the 2 participants when the work completes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def allreduce(self, flat: torch.Tensor) -> SimpleNamespace:
+        self.sizes.append(flat.numel())
+        return SimpleNamespace(wait=lambda: flat.div_(2))
+
+
+def test_gradients_travel_in_one_allreduce_per_bucket_and_come_back_averaged() -> None:
+    # Prepare: 5 float32 tensors of 1,000 elements (4,000 bytes each) and one float64
+    from vatra.live.sync import average_gradients
+
+    grads = [torch.full((10, 100), float(i)) for i in range(5)] + [torch.ones(3, dtype=torch.float64)]
+    manager = _Halving()
+    # Execute: buckets of 8,000 bytes hold two of the float32 tensors
+    average_gradients(manager, grads, 8_000)
+    # Assert: 3 float32 buckets and 1 float64 one (not 6 calls), every value averaged in place
+    assert sorted(manager.sizes) == [3, 1000, 2000, 2000]
+    for i, g in enumerate(grads[:5]):
+        assert torch.equal(g, torch.full((10, 100), i / 2))
+    assert torch.equal(grads[5], torch.full((3,), 0.5, dtype=torch.float64))

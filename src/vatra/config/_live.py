@@ -29,10 +29,11 @@ class ResilienceConfig(Section):
         "peer's state (needs vatra[ft]; plain data parallelism only).",
     )
     live_heartbeat_ms: int = Field(
-        1000,
+        2000,
         ge=100,
         description="A group whose heartbeat the lighthouse has not heard for this long is dropped from "
-        "the quorum: the survivors' stall after a death (torchft's default is 5000).",
+        "the quorum: the survivors' stall after a death (torchft's default is 5000; 1000 dropped live "
+        "groups whose heartbeat thread starved on a loaded machine).",
     )
     live_quorum_tick_ms: int = Field(
         100, ge=1, description="How often the lighthouse re-checks whether a quorum can form."

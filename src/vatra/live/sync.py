@@ -6,7 +6,8 @@ Call order per optimizer step (:class:`LiveSteps`, the trainer's micro-steps str
    restarted one) receives a live peer's state here, over torchft's HTTP checkpoint transport, and
    loads it with :meth:`LiveSync.load_state` before it computes anything.
 2. seek this group's sampler to the step (see below), then forward and backward as usual;
-3. average every gradient over the participating groups (``Manager.allreduce``);
+3. average every gradient over the participating groups (``Manager.allreduce``, one per fused bucket
+   of ``comm.bucket_mb``: :func:`average_gradients`);
 4. ``should_commit``: every group agrees whether the step's collectives all succeeded. If not (a peer
    died mid-step) the gradients are dropped and the same step is tried again with the new quorum, so
    vatra's step counter is always torchft's count of committed steps.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vatra.comm.batching import fuse_groups
 from vatra.config import ResilienceConfig
 from vatra.data import ShardSampler
 from vatra.engine import Plugin
@@ -252,9 +254,7 @@ class LiveSteps:
             work = micro_steps(trainer, accum, trainer.module)
             tc = time.perf_counter()
             grads = [p.grad for p in trainer.trainable.parameters() if p.grad is not None]
-            pending = [sync.manager.allreduce(g) for g in grads]  # averaged over the participants
-            for w in pending:
-                w.wait()
+            average_gradients(sync.manager, grads, int(trainer.cfg.comm.bucket_mb * 2**20))
             work.fwd_bwd_time += time.perf_counter() - tc
             if sync.manager.should_commit():
                 sync.end(True, time.perf_counter() - sync.attempt_start)
@@ -266,6 +266,29 @@ class LiveSteps:
                     f"step {trainer.state.step + 1} failed to commit {tries} times in a row (every try's "
                     "collectives failed); see events.jsonl for the groups that died"
                 )
+
+
+def average_gradients(manager: Any, grads: list[torch.Tensor], bucket_bytes: int) -> None:
+    """Average ``grads`` in place over the quorum's groups: one ``Manager.allreduce`` per fused bucket
+    of at most ``bucket_bytes`` (``comm.bucket_mb``, per dtype), not one per tensor.
+
+    Every all-reduce is a gloo round trip plus torchft's bookkeeping (quorum check, error tracking, a
+    future), so a model of many small tensors paid that per tensor. The buckets are all started
+    before the first wait, then copied back. Every group fuses the same tensors alike (same model),
+    so the sums pair up and every group gets the same bits."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    pending: list[tuple[Any, list[torch.Tensor], torch.Tensor]] = []
+    for same in by_dtype.values():
+        for group in fuse_groups(same, bucket_bytes):
+            members = [same[i] for i in group]
+            flat = torch.cat([m.reshape(-1) for m in members])  # (Σ numel,)
+            pending.append((manager.allreduce(flat), members, flat))
+    for work, members, flat in pending:
+        work.wait()  # the sum divided by the participants (torchft's callback) is in ``flat`` now
+        for m, part in zip(members, flat.split([m.numel() for m in members]), strict=True):
+            m.copy_(part.view_as(m))
 
 
 def seek(trainer: Trainer) -> None:
