@@ -217,3 +217,23 @@ def test_a_cnn_pruned_in_training_on_an_image_folder_exports_smaller(tmp_path: P
     assert pruned["accuracy"] == fp32["accuracy"]  # removing zeroed channels changes no output
     assert pruned["max_abs_diff_vs_fp32"] < 1e-4
     assert vatra.load(folder).meta["weights"] == "onnx"
+
+
+def test_the_export_prunes_as_the_run_trained_unless_told_otherwise(tmp_path: Path) -> None:
+    # Prepare: run folders as vatra writes them (config.toml holds the resolved [edge] section)
+    from vatra.cli.edge import trained_pruning
+
+    def run(edge: str) -> Path:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "config.toml").write_text(f"[train]\nsteps = 10\n\n[edge]\n{edge}\n")
+        return folder
+
+    structured = run('prune = "structured"\nsparsity = 0.75')
+    plain = run('prune = "none"\nsparsity = 0.5')
+    # Execute / Assert: no flags: the run's own cut; a flag wins; another method keeps 0.5
+    assert trained_pruning(structured, None, None) == ("structured", 0.75)
+    assert trained_pruning(structured, "structured", 0.5) == ("structured", 0.5)
+    assert trained_pruning(structured, "magnitude", None) == ("magnitude", 0.5)
+    assert trained_pruning(plain, None, None) == ("none", 0.5)
+    assert trained_pruning(tmp_path / "missing", None, None) == ("none", 0.5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +34,17 @@ def export(
         help="Post-training quantization: none, dynamic (int8), static (int8, calibrated) or int4w (int4 "
         "weights, pt2 and executorch); default dynamic (none for torchscript).",
     ),
-    prune: str = typer.Option(
-        "none", "--prune", help="none, magnitude (zeros) or structured (neurons removed)."
+    prune: str | None = typer.Option(
+        None,
+        "--prune",
+        help="none, magnitude (zeros) or structured (neurons removed); default: what the run pruned in "
+        "training (its edge.prune), else none.",
     ),
-    sparsity: float = typer.Option(
-        0.5, "--sparsity", help="Fraction of weights or hidden neurons --prune cuts."
+    sparsity: float | None = typer.Option(
+        None,
+        "--sparsity",
+        help="Fraction of weights or hidden neurons --prune cuts; default: the run's edge.sparsity when "
+        "--prune is what it trained with, else 0.5.",
     ),
     max_mb: float | None = typer.Option(
         None,
@@ -65,6 +73,7 @@ def export(
     from vatra.edge import Recipe, edge_export
 
     quant = quant or ("none" if target == "torchscript" else "dynamic")
+    prune, sparsity = trained_pruning(run, prune, sparsity)
     recipe = Recipe(quant=quant, prune=prune, sparsity=sparsity if prune != "none" else 0.0)
     folder, report = edge_export(
         run,
@@ -99,3 +108,20 @@ def _row(v: dict[str, Any], batch: int, chosen: bool) -> str:
         f"{name:<30} {v['stage']:<14} {v['size_mb']:>8.3f} {v['size_vs_fp32']:>7.2f} "
         f"{one['p50']:>8.3f} {one['p95']:>8.3f} {many['p50']:>9.3f}  {metric}"
     )
+
+
+def trained_pruning(run: Path, prune: str | None, sparsity: float | None) -> tuple[str, float]:
+    """``--prune`` and ``--sparsity``, each defaulting to what the run pruned in training (``[edge]``
+    in its config.toml): a run whose neurons were cut in training exports with them removed
+    without the flags repeated. A run folder without a readable config gives none / 0.5."""
+    trained: dict[str, Any] = {}
+    with contextlib.suppress(OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        edge = tomllib.loads((run / "config.toml").read_text()).get("edge")
+        trained = edge if isinstance(edge, dict) else {}
+    if prune is None:
+        prune = str(trained.get("prune", "none"))
+    if sparsity is None:
+        said = trained.get("sparsity")
+        same = trained.get("prune") == prune and isinstance(said, int | float)
+        sparsity = float(said) if same else 0.5  # type: ignore[arg-type]
+    return prune, sparsity
