@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -107,7 +108,9 @@ def start_vatra(
     new_session: bool = False,
 ) -> subprocess.Popen[str]:
     """Start the ``vatra`` command in the background (text pipes); the caller waits or kills it.
-    ``new_session`` puts it in its own process group, so a test can signal the whole group."""
+    ``new_session`` puts it in its own process group, so a test can signal the whole group, with
+    SIGINT as a shell gives a foreground job (default and unblocked): an xdist worker that some
+    earlier test left ignoring or blocking it would otherwise pass that on, and Ctrl-C would do nothing."""
     return subprocess.Popen(
         [sys.executable, "-m", "vatra", *args],
         cwd=cwd,
@@ -116,7 +119,14 @@ def start_vatra(
         stderr=stderr,
         text=True,
         start_new_session=new_session,
+        preexec_fn=_terminal_sigint if new_session else None,
     )
+
+
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT default and unblocked, as in a terminal's foreground job."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 # report.html costs ~2 s of CPU per run; the report tests write their own
