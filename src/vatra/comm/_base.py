@@ -130,9 +130,17 @@ class SparseCompressor(Compressor):
     than 1 in 32 are kept); subclasses choose which."""
 
     auto_ratio: ClassVar[float] = AUTO_RATIO  # the DDP hook's share when comm.ratio = "auto" (recipe)
+    # the values' dtype on the wire; None: the tensor's own. 1-bit Adam sends fp16 (what it
+    # compresses is bounded by Adam's own bound, and its error feedback keeps the rounding)
+    value_dtype: torch.dtype | None = None
 
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = ratio
+
+    def values(self, flat: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The kept values as they travel."""
+        kept = flat[indices]
+        return kept if self.value_dtype is None else kept.to(self.value_dtype)
 
     @classmethod
     def from_config(cls, cfg: CommConfig) -> Compressor:
@@ -155,8 +163,8 @@ class SparseCompressor(Compressor):
             indices = indices.sort().values
             mask = torch.zeros(n, dtype=torch.bool, device=flat.device)
             mask[indices] = True
-            return [pack_bits(mask), flat[indices]], Ctx(tensor.shape, tensor.dtype)
-        return [indices.to(torch.int32), flat[indices]], Ctx(tensor.shape, tensor.dtype)
+            return [pack_bits(mask), self.values(flat, indices)], Ctx(tensor.shape, tensor.dtype)
+        return [indices.to(torch.int32), self.values(flat, indices)], Ctx(tensor.shape, tensor.dtype)
 
     def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
         where, values = payload

@@ -189,6 +189,7 @@ class Adam1Bit:
         self.auto_ratio = comm.ratio == "auto"  # set at the freeze, from the steps left
         if isinstance(compressor, SparseCompressor) and ratio is not None:
             compressor.ratio = ratio
+            compressor.value_dtype = torch.float16  # |u| ≤ Adam's bound (~7.3): no overflow
         self.start = None if comm.start_step == "auto" else max(1, comm.start_step)  # v needs one step
         self.cap = max(1, math.ceil(CAP_SHARE * steps))
         # not before the LR warm-up ends, nor before a window's worth of steps

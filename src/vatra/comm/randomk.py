@@ -41,7 +41,7 @@ class RandomK(SparseCompressor):
             return super().compress(tensor)
         flat = tensor.reshape(-1)
         indices = self.select(flat, keep_count(flat.numel(), self.ratio))
-        return [flat[indices]], SharedCtx(tensor.shape, tensor.dtype, indices)
+        return [self.values(flat, indices)], SharedCtx(tensor.shape, tensor.dtype, indices)
 
     def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
         if isinstance(ctx, SharedCtx):
