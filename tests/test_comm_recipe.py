@@ -26,6 +26,19 @@ def _resolved(method: str, *overrides: str) -> CommConfig:
     return resolve_recipe(cfg.comm, cfg, compressor)
 
 
+def test_overlap_auto_is_on_except_vatra_powersgd_on_cpu() -> None:
+    def overlap(method: str, *overrides: str, device: str = "cpu") -> bool | str:
+        cfg = load_config(ROOT / "examples/digits.toml", [f"comm.method={method}", *overrides])
+        compressor = None if method == "powersgd" else build_compressor(cfg.comm)
+        return resolve_recipe(cfg.comm, cfg, compressor, device).overlap
+
+    assert overlap("powersgd") is False  # its projections competed with backward for the CPU's cores
+    assert overlap("powersgd", device="cuda") is True
+    assert overlap("powersgd", "comm.powersgd_impl=torch") is True
+    assert overlap("powersgd", "comm.overlap=true") is True  # what the user set is kept
+    assert overlap("onebit") is True and overlap("topk", "comm.overlap=false") is False
+
+
 def test_auto_is_the_recipe_for_each_method() -> None:
     # digits: AdamW with 20 LR warm-up steps, 300 steps: topk and onebit go dense until the loss
     # settles, by a quarter of them at the latest (randomk 40 %), qsgd and powersgd for the LR warm-up

@@ -48,6 +48,12 @@ def test_overrides_apply_over_file(tmp_path: Path) -> None:
         ("data.sharding=bogus", "data.sharding: Input should be 'random'"),
         ("train.steps=0", "train.steps: Input should be greater than or equal to 1"),
         ("trainsteps", "expected section.key=value"),
+        ("data.prefetch=-1", "data.prefetch: Input should be greater than or equal to 0 (got -1)"),
+        ("edge.qat=int4", "edge.qat: Input should be 'none', 'int8' or 'int4w' (got 'int4')"),
+        ("comm.ratio=0", "comm.ratio must be 'auto' or a share in (0, 1], got 0.0"),
+        ("comm.adam1bit=maybe", "comm.adam1bit: Input should be a valid boolean"),
+        ("monitor.profile_steps=5:2", "monitor.profile_steps: steps '5:2': expected A:B with 1 ≤ A ≤ B"),
+        ("dist.ps_wire=none", "dist.ps_wire: 'none' is not a per-tensor compressor; use fp32"),
     ],
 )
 def test_bad_values_fail_with_one_line(override: str, expected: str) -> None:

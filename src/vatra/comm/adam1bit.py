@@ -213,7 +213,7 @@ class Adam1Bit:
             start_step=self.start or 0,
             min_numel=comm.min_numel,
             bucket_bytes=int(comm.bucket_mb * 2**20),
-            overlap=comm.overlap,
+            overlap=bool(comm.overlap),  # resolved by the recipe; "auto" = on
             draws=draws,
             params={id(p): p for p in trainer.module.parameters()},
         )

@@ -58,7 +58,8 @@ class CommPlugin(Plugin):
         if not isinstance(trainer.module, DDP):
             return
         compressor = None if self.cfg.method == "powersgd" else build_compressor(self.cfg)
-        asked, self.cfg = self.cfg, resolve_recipe(self.cfg, trainer.cfg, compressor)
+        device = trainer.dist.device.type
+        asked, self.cfg = self.cfg, resolve_recipe(self.cfg, trainer.cfg, compressor, device)
         counter = ByteCounter()
         if self.cfg.method == "powersgd" and self.cfg.powersgd_impl == "torch":
             topology_name = "flat"  # torch's hook runs torch's own collectives
@@ -119,7 +120,7 @@ class CommPlugin(Plugin):
             factor_dtype=torch.float16 if c.factor_dtype == "fp16" else torch.float32,
             bucket_bytes=int(c.bucket_mb * 2**20),
             seed=trainer.cfg.run.seed,
-            overlap=c.overlap,
+            overlap=bool(c.overlap),
         )
 
     def _hook_state(
@@ -271,7 +272,7 @@ def build_hook_state(
         sparsity_warmup=int(cfg.sparsity_warmup),
         min_numel=cfg.min_numel,
         bucket_bytes=int(cfg.bucket_mb * 2**20),
-        overlap=cfg.overlap,
+        overlap=bool(cfg.overlap),
         draws=draws,
     )
 
