@@ -54,6 +54,9 @@ def test_overrides_apply_over_file(tmp_path: Path) -> None:
         ("comm.adam1bit=maybe", "comm.adam1bit: Input should be a valid boolean"),
         ("monitor.profile_steps=5:2", "monitor.profile_steps: steps '5:2': expected A:B with 1 ≤ A ≤ B"),
         ("dist.ps_wire=none", "dist.ps_wire: 'none' is not a per-tensor compressor; use fp32"),
+        # a key of two types (bool | 'auto'): one line naming every form it takes, not one per type
+        ("comm.overlap=sometimes", "comm.overlap: expected true, false or 'auto' (got 'sometimes')"),
+        ("comm.ratio=lots", "comm.ratio: expected a number or 'auto' (got 'lots')"),
     ],
 )
 def test_bad_values_fail_with_one_line(override: str, expected: str) -> None:

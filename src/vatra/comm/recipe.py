@@ -18,8 +18,8 @@ A user who sets only ``comm.method`` gets, where it applies (every part stays ov
 * per-row scales for onebit (the ``onebit_scale`` default), and for qsgd 127 levels with one norm
   per 512 elements (the ``levels`` and ``qsgd_bucket`` defaults);
 * the buckets' work on a background thread (``overlap``), except vatra's powersgd on CPU: there
-  its projections competed with backward for the cores (4-host cluster, 100 Mbit/s: 0.15–0.17 s a
-  step without the thread, 0.18–0.19 with it, in three runs).
+  its projections competed with backward for the cores (4-host cluster, 100 Mbit/s: 0.155–0.185 s
+  a step without the thread, 0.179–0.192 with it, three runs each).
 
 The measurements behind each choice are in docs/communication.md ("Defaults that keep accuracy").
 """

@@ -99,7 +99,7 @@ class CommConfig(Section):
             "Run each DDP bucket's compression and collectives on a background thread (one per hook, "
             "buckets in order), so communication overlaps the rest of backward; false runs them on the "
             "autograd thread. Same results either way. auto = true, except vatra's powersgd on CPU "
-            "(its projections on the thread competed with backward for the cores: 15-20 % slower steps "
+            "(its projections on the thread competed with backward for the cores: about 7 % slower steps "
             "on the 4-host cluster)."
         ),
     )

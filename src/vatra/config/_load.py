@@ -341,8 +341,31 @@ def _field(model: type[Section], key: str) -> Any:
     return found or next((f for f in model.model_fields.values() if f.alias == key), None)
 
 
+_KINDS = {"bool": ["true", "false"], "int": ["an integer"], "float": ["a number"], "str": ["a string"]}
+
+
+def _union_error(errors: list[Any]) -> str | None:
+    """A value that fits none of a key's types (``bool | 'auto'``): pydantic reports one error per
+    type, at the key's path plus the type's tag; said as one line naming every accepted form."""
+    tags = [e["loc"][-1] for e in errors if e["loc"]]
+    if len(errors) < 2 or len(tags) != len(errors) or len({tuple(e["loc"][:-1]) for e in errors}) != 1:
+        return None
+    forms: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str) or not (tag in _KINDS or tag.startswith("literal[")):
+            return None
+        forms += _KINDS.get(tag) or tag.removeprefix("literal[").removesuffix("]").split(",")
+    forms = [f.strip() for f in forms]
+    said = ", ".join(forms[:-1]) + f" or {forms[-1]}"
+    loc = ".".join(str(p) for p in errors[0]["loc"][:-1])
+    return f"{loc}: expected {said} (got {errors[0].get('input')!r})"
+
+
 def _format_error(err: ValidationError) -> str:
     """One line: dotted path, what was wrong, what is allowed."""
+    union = _union_error(err.errors())
+    if union is not None:
+        return union
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     if first["type"] == "extra_forbidden":
