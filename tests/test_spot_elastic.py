@@ -10,9 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from tests._dist import events, final_weights, rewind, start_vatra, train_ranks
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from vatra.launch import free_port
-from vatra.rundir import read_jsonl
+from vatra.launch.elastic import PreemptionAgent
+from vatra.resilience.checkpoint.preemption import mark_node_leaving
+from vatra.rundir import ERRORS_ENV, read_jsonl
 
 STEPS = 80
 COMMON = ["train", "examples/digits.toml", "--nproc", "1", "--nnodes", "1:2"]
@@ -82,3 +87,26 @@ def test_a_preempted_node_leaves_and_the_other_finishes_alone_with_exact_weights
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_node_whose_workers_saw_the_notice_leaves_instead_of_rejoining_a_reforming_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the agent's view of the race behind a preempted node saving twice: the other nodes'
+    # workers exit 75 and re-form while this node's workers (143 to come) are still saving, so
+    # torch's loop sees a healthy group with a node waiting and restarts it (a membership change)
+    monkeypatch.setenv(ERRORS_ENV, str(tmp_path / "errors"))
+    agent = PreemptionAgent.__new__(PreemptionAgent)  # only the restart decision is exercised
+    group = type("Group", (), {"spec": type("Spec", (), {"monitor_interval": 0.01})()})()
+    states = iter([WorkerState.HEALTHY, WorkerState.HEALTHY, WorkerState.SUCCEEDED])
+    monkeypatch.setattr(PreemptionAgent, "_monitor_workers", lambda self, g: RunResult(state=next(states)))
+    restarted: list[object] = []
+    monkeypatch.setattr(LocalElasticAgent, "_restart_workers", lambda self, g: restarted.append(g))
+    # Execute / Assert: without a notice on this node, a membership change restarts as torch does
+    agent._restart_workers(group)  # type: ignore[arg-type]
+    assert restarted == [group]
+    # once a worker here saw the notice, the agent waits for its workers to end and leaves
+    mark_node_leaving()
+    with pytest.raises(SignalException):
+        agent._restart_workers(group)  # type: ignore[arg-type]
+    assert restarted == [group] and next(states, None) is None

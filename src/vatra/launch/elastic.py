@@ -11,6 +11,10 @@ or ends the job when none are left. :class:`PreemptionAgent` instead:
   once (the others need not wait ~15 s for its heartbeat to expire) and stops as an agent told to
   stop by a signal does, which leaves the rendezvous open: torch closes it for good on any other
   exit of an agent, and the nodes left could not re-form.
+- **a re-forming group while this node's workers are still saving** (they marked the node as
+  leaving when they saw the notice, :func:`~vatra.resilience.checkpoint.preemption.mark_node_leaving`):
+  torch's agent would restart them for the membership change and the node would join the new
+  round, see the notice again and save twice; this agent waits for them to exit and leaves.
 - **only 75**: the node re-joins the rendezvous at once, without counting a restart (as torch does
   when a node joins). The new round has the nodes left (at least ``MIN`` of ``--nnodes MIN:MAX``)
   and the workers resume from the notice's checkpoint on that world size.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,10 +37,11 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dynamic
 from torch.distributed.launcher import api as launcher_api
 
 from vatra import _child
-from vatra.resilience.checkpoint.preemption import PeerPreempted, Preempted
+from vatra.resilience.checkpoint.preemption import PeerPreempted, Preempted, node_leaving
 from vatra.rundir import ERRORS_ENV
 
 log = logging.getLogger("vatra.launch")
+LEAVE_WAIT_S = 120.0  # how long a leaving node waits for its workers' save (a notice's usual window)
 
 
 class PreemptionAgent(LocalElasticAgent):
@@ -64,6 +70,16 @@ class PreemptionAgent(LocalElasticAgent):
             self._restart_workers(worker_group)  # a new rendezvous round; _remaining_restarts untouched
             return RunResult(state=worker_group.state)
         return result
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        if node_leaving():  # the others re-form while this node's workers save before leaving
+            deadline = time.monotonic() + LEAVE_WAIT_S
+            while time.monotonic() < deadline:  # _monitor_workers raises once a worker exits 143
+                if self._monitor_workers(worker_group).state != WorkerState.HEALTHY:
+                    break
+                time.sleep(worker_group.spec.monitor_interval)
+            raise SignalException("this node got a preemption notice", sigval=signal.SIGTERM)
+        super()._restart_workers(worker_group)
 
 
 def _leave_rendezvous(handler: object) -> None:

@@ -22,7 +22,7 @@ from vatra.resilience import recovery, snapshot
 from vatra.resilience.chaos import CheckpointCorruptor
 from vatra.resilience.checkpoint.loader import VersionLoader
 from vatra.resilience.checkpoint.notice import Notice, NoticeWatcher
-from vatra.resilience.checkpoint.preemption import PeerPreempted, Preempted, StopAgreement
+from vatra.resilience.checkpoint.preemption import PeerPreempted, Preempted, StopAgreement, mark_node_leaving
 from vatra.resilience.checkpoint.ranks import RankGroups
 from vatra.resilience.checkpoint.schedule import (
     StepClock,
@@ -311,6 +311,8 @@ class CheckpointPlugin(Plugin):
         """The notice's checkpoint, timed against its window; logged as two events (rank 0)."""
         is_main, step = trainer.dist.is_main, trainer.state.step
         window = notice.deadline - notice.seen_at
+        if self.stop.notice is not None:  # this rank saw it: its node goes away after the save
+            mark_node_leaving()
         if is_main:
             trainer.log_event(
                 "preemption_notice", source=notice.source, detail=notice.detail, window_s=window,

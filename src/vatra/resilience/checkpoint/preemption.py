@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -20,6 +21,25 @@ import torch.distributed as dist
 
 from vatra.errors import VatraError
 from vatra.resilience.checkpoint.notice import Notice
+from vatra.rundir import ERRORS_ENV
+
+LEAVING = "node-leaving"  # in the launcher's errors folder: this node's workers saw a notice
+
+
+def mark_node_leaving() -> None:
+    """Tell this node's elastic agent (through the folder its workers leave errors in) that they
+    saw a preemption notice and will exit 143: until they have, a group re-forming on the other
+    nodes must not make the agent restart them here (:class:`vatra.launch.elastic.PreemptionAgent`)."""
+    folder = os.environ.get(ERRORS_ENV)
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / LEAVING).touch()
+
+
+def node_leaving() -> bool:
+    """Whether a worker of this launcher marked the node as leaving (:func:`mark_node_leaving`)."""
+    folder = os.environ.get(ERRORS_ENV)
+    return folder is not None and (Path(folder) / LEAVING).exists()
 
 
 class Preempted(VatraError):
