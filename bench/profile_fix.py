@@ -33,32 +33,7 @@ from _common import print_table, write_result
 from vatra.config import load_config
 from vatra.monitor.profile import analyse, profile_run
 
-SLOW_DATA = """
-import time
-
-import torch
-
-
-class Slow(torch.utils.data.Dataset):
-    num_classes = 2
-
-    def __init__(self, n, delay):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 16, generator=g)
-        self.y = (self.x.sum(1) > 0).long()
-        self.delay = delay
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return self.x[i], self.y[i]
-
-
-def data(n=512, delay=0.001):
-    return Slow(n, delay), None
-"""
+SLOW_DATA = (Path(__file__).resolve().parents[1] / "examples/slow_loader/slowdata.py").read_text()
 
 CONFIG = """
 [run]

@@ -17,32 +17,7 @@ from vatra.monitor.profile import PARTS, analyse, format_report, judge, profile_
 
 # A user's dataset whose items take a millisecond each to read (a slow disk, a decoder): a batch
 # of 8 waits ~9 ms while the small model computes in about 1 ms.
-SLOW_DATA = """
-import time
-
-import torch
-
-
-class Slow(torch.utils.data.Dataset):
-    num_classes = 2
-
-    def __init__(self, n, delay):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(n, 16, generator=g)
-        self.y = (self.x.sum(1) > 0).long()
-        self.delay = delay
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return self.x[i], self.y[i]
-
-
-def data(n=512, delay=0.001):
-    return Slow(n, delay), None
-"""
+SLOW_DATA = (Path(__file__).resolve().parents[1] / "examples/slow_loader/slowdata.py").read_text()
 
 SLOW_TOML = """
 [run]

@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 from vatra.comm._base import Ctx, Payload, SparseCompressor
 from vatra.comm.adam1bit import TwoSidedMemory
-from vatra.comm.batching import all_reduce_coalesced_
+from vatra.comm.batching import all_reduce_coalesced_, pack_bytes, unpack_bytes
 from vatra.comm.hooks import _average_payloads, _compress, _keys
 from vatra.comm.overlap import run_bucket
-from vatra.comm.ring import PIECE_BYTES
-from vatra.comm.topology import ByteCounter, nbytes, wait_all
+from vatra.comm.ring import exchange
+from vatra.comm.topology import nbytes
 
 if TYPE_CHECKING:
     from vatra.comm.adam1bit import Adam1BitState
@@ -154,8 +154,8 @@ def _swap(
     """Send ``send[j]`` (a payload per tensor) to rank j; receive from each rank i payloads shaped
     as ``like[i]``."""
     out = {i: torch.empty(sum(nbytes(t) for p in ps for t in p), dtype=torch.uint8) for i, ps in like.items()}
-    _exchange({j: _pack([t for p in ps for t in p]) for j, ps in send.items()}, out, state.counter)
-    return {i: _regroup(_unpack(out[i], [t for p in like[i] for t in p]), like[i]) for i in like}
+    exchange({j: pack_bytes([t for p in ps for t in p]) for j, ps in send.items()}, out, state.counter)
+    return {i: _regroup(unpack_bytes(out[i], [t for p in like[i] for t in p]), like[i]) for i in like}
 
 
 def _regroup(flat: list[torch.Tensor], like: list[Payload]) -> list[Payload]:
@@ -165,32 +165,3 @@ def _regroup(flat: list[torch.Tensor], like: list[Payload]) -> list[Payload]:
         out.append(flat[start : start + len(p)])
         start += len(p)
     return out
-
-
-def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Tensors as one byte buffer (B,)."""
-    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
-
-
-def _unpack(raw: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The inverse of :func:`_pack` for tensors of ``like``'s shapes and dtypes."""
-    parts = raw.split([nbytes(t) for t in like])
-    # clone: a byte slice may sit at an offset the wider dtype cannot view
-    return [p.clone().view(t.dtype).view(t.shape) for p, t in zip(parts, like, strict=True)]
-
-
-def _exchange(send: dict[int, torch.Tensor], recv: dict[int, torch.Tensor], counter: ByteCounter) -> None:
-    """Point to point: ``send[j]`` to rank j and ``recv[i]`` filled from rank i, receives posted
-    first, messages in pieces of at most 4 MiB (as vatra's ring, for the same reason)."""
-    reqs: list[dist.Work | None] = []
-    for src, buf in recv.items():
-        reqs += [dist.irecv(piece, src=src) for piece in _pieces(buf)]
-    for dst, buf in send.items():
-        for piece in _pieces(buf):
-            reqs.append(dist.isend(piece, dst=dst))
-            counter.add(nbytes(piece))
-    wait_all(reqs)
-
-
-def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
-    return list(t.split(PIECE_BYTES)) if t.numel() else []

@@ -61,12 +61,22 @@ def all_gather_coalesced(
     world = topology.world_size
     out: list[list[torch.Tensor]] = [[torch.empty(0)] * len(tensors) for _ in range(world)]
     for group in fuse_groups(tensors, bucket_bytes):
-        raw = [tensors[i].contiguous().reshape(-1).view(torch.uint8) for i in group]
-        packed = torch.cat(raw)  # (B,) bytes of this bucket
+        members = [tensors[i] for i in group]
+        packed = pack_bytes(members)  # (B,) bytes of this bucket
         gathered = topology.all_gather(packed).view(world, packed.numel())  # (W, B)
         for r in range(world):
-            for i, part in zip(group, gathered[r].split([p.numel() for p in raw]), strict=True):
-                t = tensors[i]
-                # clone: a byte slice may sit at an offset the wider dtype cannot view
-                out[r][i] = part.clone().view(t.dtype).view(t.shape)
+            for i, t in zip(group, unpack_bytes(gathered[r], members), strict=True):
+                out[r][i] = t
     return out
+
+
+def pack_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Tensors as one byte buffer (B,)."""
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unpack_bytes(raw: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The inverse of :func:`pack_bytes` for tensors of ``like``'s shapes and dtypes."""
+    parts = raw.split([t.numel() * t.element_size() for t in like])
+    # clone: a byte slice may sit at an offset the wider dtype cannot view
+    return [p.clone().view(t.dtype).view(t.shape) for p, t in zip(parts, like, strict=True)]

@@ -74,6 +74,12 @@ def resolve_recipe(
     overlap = comm.overlap
     if overlap == "auto":
         overlap = not (comm.method == "powersgd" and comm.powersgd_impl == "vatra" and device == "cpu")
-    update = {"start_step": start, "sparsity_warmup": warm, "momentum_correction": mc, "ratio": ratio}
-    update["overlap"] = overlap
-    return comm.model_copy(update=update)
+    return comm.model_copy(
+        update={
+            "start_step": start,
+            "sparsity_warmup": warm,
+            "momentum_correction": mc,
+            "ratio": ratio,
+            "overlap": overlap,
+        }
+    )

@@ -19,6 +19,24 @@ def _pieces(t: torch.Tensor) -> list[torch.Tensor]:
     return list(t.split(step)) if t.numel() else []
 
 
+def exchange(
+    send: dict[int, torch.Tensor],
+    recv: dict[int, torch.Tensor],
+    counter: ByteCounter,
+    group: dist.ProcessGroup | None = None,
+) -> None:
+    """Point to point: ``send[j]`` to rank j while ``recv[i]`` is filled from rank i (every receive
+    posted first, then the sends, in pieces of ≤ 4 MiB; then all waited on)."""
+    reqs: list[dist.Work | None] = []
+    for src, buf in recv.items():
+        reqs += [dist.irecv(piece, src=src, group=group) for piece in _pieces(buf)]
+    for dst, buf in send.items():
+        for piece in _pieces(buf):
+            reqs.append(dist.isend(piece, dst=dst, group=group))
+            counter.add(nbytes(piece))
+    wait_all(reqs)
+
+
 def _exchange(
     send: torch.Tensor,
     recv: torch.Tensor,
@@ -27,12 +45,8 @@ def _exchange(
     group: dist.ProcessGroup | None,
     counter: ByteCounter,
 ) -> None:
-    """Receive from the left neighbour while sending to the right one (everything posted, then waited on)."""
-    reqs: list[dist.Work | None] = [dist.irecv(piece, src=left, group=group) for piece in _pieces(recv)]
-    for piece in _pieces(send):
-        reqs.append(dist.isend(piece, dst=right, group=group))
-        counter.add(nbytes(piece))
-    wait_all(reqs)
+    """Receive from the left neighbour while sending to the right one."""
+    exchange({right: send}, {left: recv}, counter, group)
 
 
 def ring_reduce_scatter_(
