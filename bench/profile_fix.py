@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,37 +34,7 @@ from _common import print_table, write_result
 from vatra.config import load_config
 from vatra.monitor.profile import analyse, profile_run
 
-SLOW_DATA = (Path(__file__).resolve().parents[1] / "examples/slow_loader/slowdata.py").read_text()
-
-CONFIG = """
-[run]
-name = "slow"
-progress = "off"
-tensorboard = false
-
-[data]
-name = "slowdata:data"
-kwargs = {{ n = 4096, delay = {delay} }}
-
-[model]
-name = "mlp"
-hidden = [32]
-
-[train]
-steps = {steps}
-batch_size = 8
-eval_every = 0
-
-[optim]
-name = "sgd"
-lr = 0.1
-
-[monitor]
-report = false
-
-[checkpoint]
-enabled = false
-"""
+SLOW = Path(__file__).resolve().parents[1] / "examples" / "slow_loader"  # slowdata.py, slow.toml
 
 
 def _generic(name: str) -> str:
@@ -81,16 +52,15 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "project"
-        project.mkdir()
-        (project / "slowdata.py").write_text(SLOW_DATA)
+        shutil.copytree(SLOW, project)
         config = project / "slow.toml"
-        config.write_text(CONFIG.format(delay=args.delay, steps=last))
+        base = [f"data.kwargs={{ n = 4096, delay = {args.delay} }}", f"train.steps={last}"]
 
         def measure(overrides: list[str], where: Path) -> dict[str, Any]:
-            vatra.fit(load_config(config, overrides, run="train"), run_dir=where)
+            vatra.fit(load_config(config, [*base, *overrides], run="train"), run_dir=where)
             return analyse(where)
 
-        cfg = load_config(config, run="train")
+        cfg = load_config(config, base, run="train")
         for rep in range(args.reps):
             where = Path(tmp) / f"rep{rep}"
             report = profile_run(

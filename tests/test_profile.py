@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,43 +18,11 @@ from vatra.monitor.profile import PARTS, analyse, format_report, judge, profile_
 
 # A user's dataset whose items take a millisecond each to read (a slow disk, a decoder): a batch
 # of 8 waits ~9 ms while the small model computes in about 1 ms.
-SLOW_DATA = (Path(__file__).resolve().parents[1] / "examples/slow_loader/slowdata.py").read_text()
-
-SLOW_TOML = """
-[run]
-name = "slow"
-progress = "off"
-tensorboard = false
-
-[data]
-name = "slowdata:data"
-kwargs = { n = 512, delay = 0.001 }
-
-[model]
-name = "mlp"
-hidden = [32]
-
-[train]
-steps = 40
-batch_size = 8
-eval_every = 0
-
-[optim]
-name = "sgd"
-lr = 0.1
-
-[monitor]
-report = false
-
-[checkpoint]
-enabled = false
-"""
+SLOW = Path(__file__).resolve().parents[1] / "examples" / "slow_loader"  # slowdata.py, slow.toml
 
 
 def _slow_project(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "slowdata.py").write_text(SLOW_DATA)
-    (folder / "slow.toml").write_text(SLOW_TOML)
+    shutil.copytree(SLOW, folder, dirs_exist_ok=True)
     return folder / "slow.toml"
 
 
