@@ -239,9 +239,8 @@ class Trainer:
             self.plugins.on_fit_end(self, summary)
             return summary
         except BaseException as exc:
-            cause = self.plugins.explain(
-                self, exc
-            )  # root-cause analysis (monitor.rca), when a plugin offers it
+            # root-cause analysis (monitor.rca), when a plugin offers it
+            cause = self.plugins.explain(self, exc)
             with contextlib.suppress(OSError):  # a full disk must not replace the error that stopped the run
                 self.log_event(
                     "failure",
