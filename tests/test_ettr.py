@@ -30,6 +30,14 @@ class FailAt(Plugin):
             raise RuntimeError(f"user plugin broke at step {self.step}")
 
 
+class Work(Plugin):
+    """Steps of a real model's length (40 ms), so the lost steps outweigh the noise of a loaded machine's
+    startup and saves (the tiny model's steps alone take about 1 ms)."""
+
+    def on_step_start(self, trainer: Trainer) -> None:
+        time.sleep(0.04)
+
+
 def _launch(run: Path, steps: int, *plugins: Plugin) -> None:
     cfg = small_config(train={"steps": steps}, checkpoint={"every_steps": 10}, monitor={"report": False})
     with launch_record(RunDir(run).create(), started=time.time()):
@@ -41,16 +49,17 @@ def test_a_failed_launch_and_its_rerun_cost_the_run_its_ettr_and_the_parts_add_u
     # Prepare: one run to warm this process up (its first run pays for imports the others do not)
     _launch(tmp_path / "warm-up", 2)
     # Execute: a clean 20-step run; the same run failing at step 19 and launched again
-    _launch(tmp_path / "clean", 20)
+    _launch(tmp_path / "clean", 20, Work())
     with pytest.raises(RuntimeError, match="broke at step 19"):
-        _launch(tmp_path / "hit", 20, FailAt(19))
-    _launch(tmp_path / "hit", 20)
+        _launch(tmp_path / "hit", 20, Work(), FailAt(19))
+    _launch(tmp_path / "hit", 20, Work())
     # Assert: the rerun resumed at step 10 and redid steps 11-18 (19 failed before its line)
     clean, hit = ettr_of_run(tmp_path / "clean"), ettr_of_run(tmp_path / "hit")
     steps = [m["step"] for m in read_jsonl(tmp_path / "hit" / "metrics.jsonl")]
     assert steps == [*range(1, 19), *range(11, 21)]
     assert hit["ettr_parts"]["recomputed"] > 0 and hit["ettr_parts"]["restart"] > 0
     assert clean["ettr_parts"]["recomputed"] == clean["ettr_parts"]["restart"] == 0
+    assert hit["ettr_parts"]["recomputed"] >= 8 * 0.04  # steps 11-18, each at least its 40 ms
     assert hit["ettr"] < clean["ettr"]
     for figures in (clean, hit):
         parts = figures["ettr_parts"]
