@@ -13,12 +13,14 @@ One copy of each mechanism for every test file:
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,7 +56,22 @@ def _rank(rank: int, env: dict[str, str], fn: Callable[..., Any], *args: Any) ->
     """A forked rank sees the test's environment of now, not the forkserver's of its start."""
     os.environ.clear()
     os.environ.update(env)
+    stacks = open(Path(env[_STACKS]) / f"rank{rank}.txt", "w")  # noqa: SIM115 (open while the rank lives)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)  # spawn's timeout asks for them
     fn(rank, *args)
+
+
+_STACKS = "_VATRA_TEST_STACKS"  # where a spawned rank writes its threads' stacks when asked (SIGUSR1)
+
+
+def _stacks_of(processes: list[Any], folder: Path) -> str:
+    """Every live rank's Python stacks (all threads), asked for by signal: what a hung test shows."""
+    for process in processes:
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGUSR1)
+    time.sleep(2.0)
+    text = [f"--- {f.stem}\n{f.read_text()[-3000:]}" for f in sorted(folder.glob("rank*.txt"))]
+    return "\n".join(t for t in text if t.strip().count("\n") > 1)
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, timeout: float = 270.0) -> None:
@@ -67,18 +84,24 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = (), *, ti
     (270 s: before pytest-timeout's 300 s, so no rank outlives the test).
     """
     mp.set_forkserver_preload(_PRELOAD)
-    context = mp.start_processes(
-        _rank, args=(dict(os.environ), fn, *args), nprocs=nprocs, start_method="forkserver", join=False
-    )
-    deadline = time.monotonic() + timeout
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            for process in context.processes:
-                process.join(10)
-            pytest.fail(f"{nprocs} spawned ranks of {fn.__name__} still running after {timeout:.0f} s")
+    with tempfile.TemporaryDirectory(prefix="vatra-stacks-") as folder:
+        env = {**os.environ, _STACKS: folder}
+        context = mp.start_processes(
+            _rank, args=(env, fn, *args), nprocs=nprocs, start_method="forkserver", join=False
+        )
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                stacks = _stacks_of(context.processes, Path(folder))
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                for process in context.processes:
+                    process.join(10)
+                pytest.fail(
+                    f"{nprocs} spawned ranks of {fn.__name__} still running after {timeout:.0f} s; "
+                    f"their stacks:\n{stacks}"
+                )
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
