@@ -319,8 +319,11 @@ class Hub:
 
     # ---------------------------------------------------------- round loop
     def _alive(self, now: float) -> set[int]:
+        """Clients that joined and were heard from lately. Only a join counts: any authenticated call
+        refreshes ``last_seen``, and a refused join (a device too small, data that does not fit) must
+        not start a round for a client whose accepted join, and its device profile, are yet to come."""
         limit = self.cfg.heartbeat_s * self.cfg.heartbeat_misses
-        return {c for c, t in self.last_seen.items() if now - t <= limit}
+        return {c for c, t in self.last_seen.items() if c in self.declared and now - t <= limit}
 
     def available(self) -> list[int]:
         """Alive clients once all configured ones are, or ``min_clients`` after a short grace."""
