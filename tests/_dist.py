@@ -28,10 +28,12 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from vatra.config import dump_toml, load_config
+from vatra.engine.dist import release_process_groups
 from vatra.launch import free_port
 from vatra.resilience import LATEST, open_store
 from vatra.rundir import RunDir, read_jsonl
@@ -62,6 +64,16 @@ def _rank(rank: int, env: dict[str, str], fn: Callable[..., Any], *args: Any) ->
 
 
 _STACKS = "_VATRA_TEST_STACKS"  # where a spawned rank writes its threads' stacks when asked (SIGUSR1)
+
+
+def end_group() -> None:
+    """A spawned rank's last call: ``destroy_process_group``, then gloo's workers settle with the
+    GIL free (:func:`vatra.engine.dist.release_process_groups`). Without the wait, the rank's frame
+    could free a DDP reducer, and with it the group, while holding the GIL: the group's destructor
+    waits for its worker, which waits for the GIL to drop its last collective's tensors (a hang
+    seen in tests/test_comm_lowrank.py; the stacks showed both sides)."""
+    dist.destroy_process_group()
+    release_process_groups()
 
 
 def _stacks_of(processes: list[Any], folder: Path) -> str:

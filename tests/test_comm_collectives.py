@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tests._dist import spawn
+from tests._dist import end_group, spawn
 
 import vatra.comm.hierarchical as hier_module
 import vatra.comm.ring as ring_module
@@ -47,7 +47,7 @@ def _worker(rank: int, max_world: int, rdzv_dir: str) -> None:
             try:
                 _check_world(rank, world)
             finally:
-                dist.destroy_process_group()
+                end_group()
 
 
 def _check_world(rank: int, world: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tests._dist import spawn
+from tests._dist import end_group, spawn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -161,7 +161,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         results = {name: _run_case(rank, name, topology) for name in CASES}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     finally:
-        dist.destroy_process_group()
+        end_group()
 
 
 def test_hosts_compress_their_exact_sum_and_only_payloads_cross_hosts(tmp_path: Path) -> None:

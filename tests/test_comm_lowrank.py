@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tests._dist import spawn
+from tests._dist import end_group, spawn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -129,7 +129,7 @@ def _worker(rank: int, init_file: str, out: str) -> None:
         if rank == 0:
             Path(out).write_text(json.dumps(results))
     finally:
-        dist.destroy_process_group()
+        end_group()
 
 
 def test_vatra_powersgd_equals_powersgd_from_both_ranks_gradients(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tests._dist import spawn
+from tests._dist import end_group, spawn
 from tests.conftest import small_config
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -204,4 +204,4 @@ def test_a_stochastic_compressors_draws_follow_the_step_and_the_tensor_only(tmp_
         assert "comm" not in trainer3.state.rank_states  # qsgd has no error feedback: no rank state
         assert _comm_threads() == 0
     finally:
-        dist.destroy_process_group()
+        end_group()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from tests._dist import end_group
 from tests.conftest import vatra_in_process
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -232,7 +233,7 @@ def test_user_compressor_runs_in_the_comm_plugin_with_error_feedback(
         assert metrics["comm_residual_norm"] > 0.0
         assert set(plugin.state_dict()["residuals"]) == {"weight", "bias"}
     finally:
-        dist.destroy_process_group()
+        end_group()
 
 
 def test_user_strategy_and_selector_are_built_like_builtins(user_module: str) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tests._dist import rendezvous, spawn
+from tests._dist import end_group, rendezvous, spawn
 from tests.conftest import vatra_in_process
 from tests.test_serve_predict import _config, _table, _val
 
@@ -153,7 +153,7 @@ def _fsdp_rank(rank: int, world: int, rdzv: str, run: str) -> None:
         if rank == 0:  # the reference: the sharded parameters gathered by torch itself
             torch.save({k: v.detach().clone() for k, v in full.items()}, Path(run) / "full.pt")
     finally:
-        torch.distributed.destroy_process_group()
+        end_group()
         del ctx
 
 
