@@ -144,6 +144,7 @@ class Adam1BitState(HookState):
     frozen: bool = False
     groups: dict[int, dict[str, Any]] = field(default_factory=dict)
     fp32_resends: int = 0  # warm-up steps whose fp16 sum overflowed and went again in fp32
+    warmup_fp8: bool = False  # the warm-up's gradients in fp8 (comm.warmup_precision), else fp16
 
     def refresh(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -216,6 +217,7 @@ class Adam1Bit:
             overlap=bool(comm.overlap),  # resolved by the recipe; "auto" = on
             draws=draws,
             params={id(p): p for p in trainer.module.parameters()},
+            warmup_fp8=comm.warmup_precision == "fp8",
         )
         self.state.refresh(trainer.optimizer)
         trainer.log_event(

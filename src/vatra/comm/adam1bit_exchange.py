@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from vatra.comm._base import Ctx, Payload, SparseCompressor
+from vatra.comm._base import Compressor, Ctx, Payload, SparseCompressor
 from vatra.comm.adam1bit import TwoSidedMemory
 from vatra.comm.batching import all_reduce_coalesced_, pack_bytes, unpack_bytes
 from vatra.comm.hooks import _average_payloads, _compress, _keys
@@ -35,7 +35,38 @@ from vatra.comm.topology import nbytes
 if TYPE_CHECKING:
     from vatra.comm.adam1bit import Adam1BitState
 
-__all__ = ["adam1bit_hook", "chunks", "compressed_average"]
+__all__ = ["Fp8Rows", "adam1bit_hook", "chunks", "compressed_average"]
+
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+class Fp8Rows(Compressor):
+    """float8 (e4m3) with an fp32 scale per row (amax / 448): the warm-up's gradients. One byte a
+    value like int8, but a value keeps ~6 % relative precision down to ~10⁻⁵ of its row's largest,
+    where int8 rounds everything under 1/254 of it to 0: Adam's v of a coordinate whose gradients
+    stay small would be 0, and its update after the freeze clipped to Adam's largest."""
+
+    def compress(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
+        rows = tensor.detach().float().reshape(tensor.shape[0] if tensor.dim() >= 2 else 1, -1)  # (R, n/R)
+        scale = rows.abs().amax(dim=1) / FP8_MAX  # (R,)
+        scaled = (rows / scale.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)).clamp(
+            -FP8_MAX, FP8_MAX
+        )
+        return [scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1), scale], Ctx(
+            tensor.shape, tensor.dtype
+        )
+
+    def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
+        q, scale = payload
+        rows = ctx.shape[0] if len(ctx.shape) >= 2 else 1
+        if q.numel() != ctx.numel or q.dtype != torch.uint8 or scale.numel() != rows:
+            raise ValueError(f"fp8 payload of {q.numel()} {q.dtype} values and {scale.numel()} scales "
+                             f"for a tensor of {ctx.numel} in {rows} rows")  # fmt: skip
+        values = q.view(torch.float8_e4m3fn).float().reshape(rows, -1) * scale.float().unsqueeze(1)
+        return values.view(ctx.shape).to(ctx.dtype)
+
+
+_FP8 = Fp8Rows()  # stateless: one for every hook
 
 
 def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -46,7 +77,9 @@ def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futu
 
     def work() -> torch.Tensor:
         t0 = time.perf_counter()
-        if not frozen:
+        if not frozen and state.warmup_fp8:
+            _fp8_average(state, keys, grads)
+        elif not frozen:
             _half_average_(buffer, state)
         else:
             _momentum_average(state, keys, grads)
@@ -67,6 +100,23 @@ def _half_average_(buffer: torch.Tensor, state: "Adam1BitState") -> None:
         state.fp32_resends += 1
         state.topology.all_reduce_(buffer)
     buffer.div_(state.topology.world_size)
+
+
+def _fp8_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
+    """The warm-up's average of the gradients in fp8 (``comm.warmup_precision``, :class:`Fp8Rows`):
+    each matrix through the two-sided exchange without error feedback (a gradient's rounding must
+    not reach the momentum phase's residuals), so every rank gets the same average at a quarter of
+    fp32's bytes; tensors under ``comm.min_numel`` as in the fp16 warm-up."""
+    least = max(state.min_numel, state.topology.world_size)
+    small = [g for g in grads if g.numel() < least]
+    if small:
+        flat = torch.cat([g.reshape(-1) for g in small])
+        _half_average_(flat, state)
+        for g, t in zip(small, flat.split([g.numel() for g in small]), strict=True):
+            g.copy_(t.view_as(g))
+    large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= least]
+    if large:
+        compressed_average(state, large, _FP8)
 
 
 def _momentum_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
@@ -98,9 +148,12 @@ def chunks(t: torch.Tensor, world: int) -> list[torch.Tensor]:
     return list(t.reshape(-1).tensor_split(world))
 
 
-def compressed_average(state: "Adam1BitState", large: list[tuple[int, torch.Tensor]]) -> None:
-    """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks."""
-    comp = state.compressor
+def compressed_average(
+    state: "Adam1BitState", large: list[tuple[int, torch.Tensor]], plain: Compressor | None = None
+) -> None:
+    """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks;
+    with ``plain``, that compressor's average without error feedback (the fp8 warm-up)."""
+    comp = plain or state.compressor
     if comp.sums:
         payloads, summed = _compress(state, large)  # worker error feedback in state.memory
         _average_payloads(state, large, payloads, summed, state.sum_topology, state.topology)
@@ -110,6 +163,12 @@ def compressed_average(state: "Adam1BitState", large: list[tuple[int, torch.Tens
     worker: list[list[Payload]] = [[] for _ in range(world)]  # [chunk j][tensor]: this rank's payloads
     ctxs: list[list[Ctx]] = [[] for _ in range(world)]  # [chunk j][tensor]
     for key, m in large:
+        if plain is not None:
+            for j, part in enumerate(chunks(m, world)):
+                payload, ctx = comp.compress(part)
+                worker[j].append(payload)
+                ctxs[j].append(ctx)
+            continue
         x = memory.compensate(m, key)  # mᵢ + eᵢ
         sent = torch.empty_like(x)
         if state.draws is not None:
@@ -132,6 +191,9 @@ def compressed_average(state: "Adam1BitState", large: list[tuple[int, torch.Tens
         total = torch.zeros(ctx.shape, dtype=ctx.dtype)  # (chunk shape)
         for i in range(world):
             total += comp.decompress(got[i][t], ctx)
+        if plain is not None:
+            served.append(comp.compress(total.div_(world))[0])
+            continue
         a = memory.compensate_server(total.div_(world), key)
         back, back_ctx = comp.compress(a)
         memory.update_server(a, key, comp.decompress(back, back_ctx))
