@@ -4,8 +4,9 @@ Error feedback on raw gradients fights Adam: the second moment v sees the compre
 gradients, and coordinates that wait in the residual arrive as spikes that v then divides by. 1-bit
 Adam splits training in two:
 
-1. **Warm-up**, uncompressed: gradients are averaged (sent in fp16, with an fp32 resend when the
-   sum overflows) and Adam runs as it always does, until v has settled (:class:`VarianceWatch`:
+1. **Warm-up**: gradients are averaged (sent in fp8 with a scale per row through the two-sided
+   exchange, or with ``comm.warmup_precision = "fp16"`` in fp16 with an fp32 resend when the sum
+   overflows) and Adam runs as it always does, until v has settled (:class:`VarianceWatch`:
    the bias-corrected ‖v̂‖ stopped moving or stopped growing, after the LR warm-up).
 2. **Compressed**: v is frozen (Adam's bias correction of v folded in at that step). Each rank
    updates the shared momentum with its own gradient, ``mᵢ = β₁·m + (1 − β₁)·gᵢ``, and takes the

@@ -50,8 +50,9 @@ class CommConfig(Section):
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
     adam1bit: bool = Field(
         True,
-        description="optim.name adam or adamw with onebit, topk or randomk: 1-bit Adam (full-precision "
-        "Adam until its second moment settles, then that moment frozen and each rank's momentum "
+        description="optim.name adam or adamw with onebit, topk or randomk: 1-bit Adam (plain Adam on "
+        "gradients averaged in comm.warmup_precision until its second moment settles, then that moment "
+        "frozen and each rank's momentum "
         "compressed, with error feedback on both sides of the all-reduce; docs/compression-adam.md). "
         "There comm.start_step = 'auto' freezes the variance when it has settled, a number after that "
         "many steps. false: the gradients are compressed, as under SGD.",
