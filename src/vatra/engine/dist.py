@@ -118,12 +118,20 @@ def release_process_groups() -> None:
     Python ends the thread inside that destructor and the process aborts with "terminate called
     without an active exception" (SIGABRT), after a run that succeeded.
 
-    - A group's destructor releases the GIL and joins its workers: collecting the unreachable
-      groups (they sit in cycles: trainer, plugins) settles theirs for good.
+    - Collecting the unreachable groups (they sit in cycles: trainer, plugins) joins their workers.
+      A group freed through DDP's reducer is destroyed with the GIL held, and its destructor waits
+      for its workers: one still waiting for the GIL to drop its last collective's tensors would
+      never get it (a hang seen in the tests). So the workers settle first, then the collection.
     - DDP keeps the default group alive to the end, so its workers cannot be joined: this waits,
-      with the GIL free, until no worker is runnable twice in a row (at most 2 s).
+      with the GIL free, until no worker is runnable twice in a row (at most 2 s), before and after.
     """
+    _settle_gloo_workers()
     gc.collect()
+    _settle_gloo_workers()
+
+
+def _settle_gloo_workers() -> None:
+    """Sleep in 2 ms steps, the GIL free, until no gloo worker is runnable twice in a row (≤ 2 s)."""
     deadline = time.monotonic() + 2.0
     calm = 0
     while calm < 2 and time.monotonic() < deadline:
