@@ -46,7 +46,7 @@ from vatra.comm.adam1bit_freeze import (
     rebind_scheduler,
 )
 from vatra.comm.hooks import HookState, TensorDraws
-from vatra.comm.memory import Memory
+from vatra.comm.memory import Memory, NoMemory
 from vatra.comm.topology import Topology
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ __all__ = [
     "Adam1BitState",
     "FrozenAdam",
     "FrozenAdamW",
+    "NoTwoSidedMemory",
     "TwoSidedMemory",
     "VarianceWatch",
     "applies",
@@ -132,6 +133,17 @@ class TwoSidedMemory(Memory):
         self.server = dict(state.get("server", {}))
         frozen = list(state.get("frozen_step", {}).values())
         self.frozen_step = int(frozen[0]) if frozen else None
+
+
+class NoTwoSidedMemory(NoMemory, TwoSidedMemory):
+    """Error feedback off on both sides: the fp8 warm-up's exchange (a gradient's rounding must not
+    reach the momentum phase's residuals)."""
+
+    def compensate_server(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
+        return tensor
+
+    def update_server(self, compensated: torch.Tensor, key: Hashable, transmitted: torch.Tensor) -> None:
+        return None
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from vatra.comm._base import Compressor, Ctx, Payload, SparseCompressor
-from vatra.comm.adam1bit import TwoSidedMemory
+from vatra.comm.adam1bit import NoTwoSidedMemory, TwoSidedMemory
 from vatra.comm.batching import all_reduce_coalesced_, pack_bytes, unpack_bytes
 from vatra.comm.hooks import _average_payloads, _compress, _keys
 from vatra.comm.overlap import run_bucket
@@ -67,6 +67,7 @@ class Fp8Rows(Compressor):
 
 
 _FP8 = Fp8Rows()  # stateless: one for every hook
+_NO_FEEDBACK = NoTwoSidedMemory()
 
 
 def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -77,12 +78,12 @@ def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futu
 
     def work() -> torch.Tensor:
         t0 = time.perf_counter()
-        if not frozen and state.warmup_fp8:
-            _fp8_average(state, keys, grads)
-        elif not frozen:
-            _half_average_(buffer, state)
-        else:
+        if frozen:
             _momentum_average(state, keys, grads)
+        elif state.warmup_fp8:
+            _fp8_average(state, keys, grads)
+        else:
+            _half_average_(buffer, state)
         state.comm_time_s += time.perf_counter() - t0
         return buffer
 
@@ -116,7 +117,7 @@ def _fp8_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tens
             g.copy_(t.view_as(g))
     large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= least]
     if large:
-        compressed_average(state, large, _FP8)
+        compressed_average(state, large, _FP8, _NO_FEEDBACK)
 
 
 def _momentum_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
@@ -149,26 +150,25 @@ def chunks(t: torch.Tensor, world: int) -> list[torch.Tensor]:
 
 
 def compressed_average(
-    state: "Adam1BitState", large: list[tuple[int, torch.Tensor]], plain: Compressor | None = None
+    state: "Adam1BitState",
+    large: list[tuple[int, torch.Tensor]],
+    comp: Compressor | None = None,
+    feedback: TwoSidedMemory | None = None,
 ) -> None:
-    """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks;
-    with ``plain``, that compressor's average without error feedback (the fp8 warm-up)."""
-    comp = plain or state.compressor
+    """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks, by
+    ``comp`` with ``feedback``'s error feedback (default: the state's compressor and memory; the fp8
+    warm-up passes its own compressor and none)."""
+    comp = comp or state.compressor
     if comp.sums:
         payloads, summed = _compress(state, large)  # worker error feedback in state.memory
         _average_payloads(state, large, payloads, summed, state.sum_topology, state.topology)
         return
-    memory, world, rank = state.memory, state.topology.world_size, state.topology.rank
+    memory = feedback or state.memory
+    world, rank = state.topology.world_size, state.topology.rank
     assert isinstance(memory, TwoSidedMemory)
     worker: list[list[Payload]] = [[] for _ in range(world)]  # [chunk j][tensor]: this rank's payloads
     ctxs: list[list[Ctx]] = [[] for _ in range(world)]  # [chunk j][tensor]
     for key, m in large:
-        if plain is not None:
-            for j, part in enumerate(chunks(m, world)):
-                payload, ctx = comp.compress(part)
-                worker[j].append(payload)
-                ctxs[j].append(ctx)
-            continue
         x = memory.compensate(m, key)  # mᵢ + eᵢ
         sent = torch.empty_like(x)
         if state.draws is not None:
@@ -191,9 +191,6 @@ def compressed_average(
         total = torch.zeros(ctx.shape, dtype=ctx.dtype)  # (chunk shape)
         for i in range(world):
             total += comp.decompress(got[i][t], ctx)
-        if plain is not None:
-            served.append(comp.compress(total.div_(world))[0])
-            continue
         a = memory.compensate_server(total.div_(world), key)
         back, back_ctx = comp.compress(a)
         memory.update_server(a, key, comp.decompress(back, back_ctx))
