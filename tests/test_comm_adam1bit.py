@@ -335,3 +335,11 @@ def test_the_fp8_warm_up_keeps_a_rows_small_gradients_and_refuses_a_malformed_pa
         fp8.decompress([payload[0], payload[1][:1]], ctx)
     with pytest.raises(ValueError, match="fp8 payload"):
         fp8.decompress([payload[0].view(torch.int8), payload[1]], Ctx(ctx.shape, ctx.dtype))
+    # the receiver sizes the buffers from its own shapes, so a peer controls only the bytes: any
+    # bytes of those sizes decode to a tensor of the shape (0x7f/0xff are e4m3's NaN: a non-finite
+    # gradient, which training already stops or skips on)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        raw = torch.randint(0, 256, (128 + 8,), dtype=torch.uint8, generator=gen)
+        values, scales = raw[:128], raw[128:].view(torch.float32)
+        assert fp8.decompress([values, scales], ctx).shape == grad.shape
