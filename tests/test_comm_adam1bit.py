@@ -17,9 +17,11 @@ from tests.conftest import small_config
 
 from vatra.comm._base import Ctx
 from vatra.comm.adam1bit import VarianceWatch
-from vatra.comm.adam1bit_exchange import Fp8Rows
+from vatra.comm.hooks import TensorDraws
 from vatra.comm.int8 import Int8
+from vatra.comm.minifloat import FP4_LEVELS, Fp4Blocks, Fp8Rows
 from vatra.comm.plugin import CommPlugin
+from vatra.comm.topk import TopK
 from vatra.config import Config
 from vatra.engine import DistContext, Plugin, Trainer
 from vatra.rundir import read_jsonl
@@ -37,13 +39,20 @@ def _onebit(x: torch.Tensor) -> torch.Tensor:
 
 
 def _topk(ratio: float) -> Any:
+    """Per block of 256 values (the flat chunk padded with zeros) its ⌈256·ratio⌉ largest |values|;
+    the kept values in fp8 (e4m3) with one scale for the chunk, their largest |value| / 448."""
+
     def compress(x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1)
-        k = max(1, math.ceil(ratio * flat.numel()))
-        kept = torch.zeros_like(flat)
-        idx = flat.abs().topk(k).indices
-        kept[idx] = flat[idx].half().float()  # the values travel in fp16
-        return kept.view_as(x)
+        k = math.ceil(ratio * 256)
+        rows = torch.nn.functional.pad(flat, (0, -flat.numel() % 256)).view(-1, 256)
+        idx = rows.abs().topk(k, dim=1).indices
+        values = rows.gather(1, idx)
+        scale = values.abs().amax().clamp_min(torch.finfo(torch.float32).tiny) / 448.0
+        kept = torch.zeros_like(rows).scatter_(
+            1, idx, (values / scale).to(torch.float8_e4m3fn).float() * scale
+        )
+        return kept.reshape(-1)[: flat.numel()].view_as(x)
 
     return compress
 
@@ -80,6 +89,7 @@ class Reference:
         self.e = {(n, i): torch.zeros_like(p) for n, p in self.x.items() for i in range(WORLD)}
         self.s = {(n, j): torch.zeros_like(c) for n, p in self.x.items() for j, c in enumerate(_chunks(p))}
         self.compress, self.cfg = compress, cfg
+        self.index = {n: i for i, n in enumerate(params)}  # the parameter's position: its draws' seed
         self.b1, self.b2, self.eps = 0.9, 0.999, 1e-8
         self.wd = cfg.optim.weight_decay
         self.bound = (1 - self.b1) / math.sqrt((1 - self.b2) * (1 - self.b1**2 / self.b2))
@@ -109,6 +119,8 @@ class Reference:
                 ]
                 if x.numel() < MIN_NUMEL:
                     avg = sum(ui.half() for ui in u).float() / WORLD  # type: ignore[union-attr]
+                elif self.cfg.comm.method == "randomk":
+                    avg = self._int8_average(n, u)
                 else:
                     avg = self._compressed_average(n, u)
                 self.m[n] = avg * denom
@@ -120,6 +132,23 @@ class Reference:
             total = sum(_fp8(_chunks(gi)[j]) for gi in g)
             served.append(_fp8(total / WORLD).reshape(-1))  # type: ignore[operator]
         return torch.cat(served).view_as(g[0])
+
+    def _int8_average(self, name: str, u: list[torch.Tensor]) -> torch.Tensor:
+        """Random-k: every rank keeps xᵢ = uᵢ + eᵢ at the same k indices (drawn as the hook seeds its
+        draws: run.seed, rank 0 for all, the step, the parameter's position); s = Σᵢ max|xᵢ[idx]| /
+        (127 − W); qᵢ = round(xᵢ[idx] / s) summed as int8, exactly; eᵢ ← xᵢ − qᵢ·s; ū = Σqᵢ·s / W."""
+        draws = TensorDraws(self.cfg.run.seed, 0, {0: self.index[name]}, torch.device("cpu"))
+        draws.reseed(0, self.t - 1)  # the hook's step: steps done before this one
+        numel = u[0].numel()
+        idx = torch.randperm(numel, generator=draws.generator)[: math.ceil(self.cfg.comm.ratio * numel)]
+        xs = [(ui + self.e[name, i]).reshape(-1) for i, ui in enumerate(u)]
+        values = [x[idx] for x in xs]
+        s = float((values[0].abs().amax() + values[1].abs().amax()) / (127 - WORLD))
+        qs = [torch.round(v / s).to(torch.int8) for v in values]
+        for i, (x, q) in enumerate(zip(xs, qs, strict=True)):
+            self.e[name, i] = (x - torch.zeros_like(x).index_put_((idx,), q.float() * s)).view_as(u[i])
+        total = qs[0] + qs[1]  # no overflow: |q₀| + |q₁| ≤ 127 − W + 1
+        return torch.zeros_like(xs[0]).index_put_((idx,), total.float() * (s / WORLD)).view_as(u[0])
 
     def _compressed_average(self, name: str, u: list[torch.Tensor]) -> torch.Tensor:
         sent = []
@@ -187,6 +216,14 @@ class _Compare(Plugin):
             self.events.append(fields)
 
 
+class _Bytes(Plugin):
+    def __init__(self) -> None:
+        self.bytes: list[int] = []
+
+    def on_step_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self.bytes.append(metrics["comm_bytes"])
+
+
 def _config(method: str, **comm: Any) -> Config:
     return small_config(
         train={"steps": STEPS, "batch_size": 16},
@@ -207,14 +244,29 @@ def _worker(rank: int, init_file: str, out: str) -> None:
     )
     results: dict[str, Any] = {}
     try:
-        cases = (("onebit", _onebit, "fp8"), ("topk", _topk(0.02), "fp8"), ("onebit", _onebit, "fp16"))
-        for method, compress, warm in cases:
-            cfg = _config(method, ratio=0.02, onebit_scale="row", sparsity_warmup=0, warmup_precision=warm)
+        cases = (
+            ("onebit", _onebit, "fp8", 0.02),
+            ("topk", _topk(0.02), "fp8", 0.02),
+            ("randomk", None, "fp8", 0.25),
+            ("onebit", _onebit, "fp16", 0.02),
+        )
+        for method, compress, warm, ratio in cases:
+            cfg = _config(method, ratio=ratio, onebit_scale="row", sparsity_warmup=0, warmup_precision=warm)
             compare = _Compare(compress, cfg)
             trainer = Trainer.from_config(cfg, dist=ctx, plugins=[CommPlugin(cfg.comm), compare])
             summary = trainer.fit()
             name = method if warm == "fp8" else f"{method}-{warm}"
             results[name] = {"bytes": compare.bytes, "events": compare.events, "summary": summary}
+        # the fp4 warm-up (the default): its rounding is random, so no reference; every rank must
+        # still apply the same average (every rank decodes the same served chunks)
+        cfg = _config("onebit", ratio=0.02, onebit_scale="row", warmup_precision="fp4")
+        sent = _Bytes()
+        trainer = Trainer.from_config(cfg, dist=ctx, plugins=[CommPlugin(cfg.comm), sent])
+        trainer.fit()
+        mine = _params(trainer)
+        both = [torch.empty_like(mine) for _ in range(WORLD)]
+        dist.all_gather(both, mine)
+        results["onebit-fp4"] = {"bytes": sent.bytes, "ranks_equal": torch.equal(both[0], both[1])}
         # comm.method = "none": DDP's own all-reduce and torch's AdamW, bit for bit as without vatra's plugin
         cfg = _config("none")
         plain = Trainer.from_config(cfg, dist=ctx)
@@ -239,7 +291,7 @@ def test_onebit_adam_equals_the_reference_step_by_step(tmp_path: Path) -> None:
     r = json.loads(out.read_text())
     numel = {"trunk.0.weight": 32 * 64, "trunk.0.bias": 32, "head.weight": 10 * 32, "head.bias": 10}
     rows = {"trunk.0.weight": 32, "head.weight": 10}
-    for method in ("onebit", "topk", "onebit-fp16"):
+    for method in ("onebit", "topk", "randomk", "onebit-fp16"):
         sent = r[method]["bytes"]
         assert r[method]["summary"]["compression_started_step"] == FREEZE
         assert [e["step"] for e in r[method]["events"]] == [FREEZE]
@@ -254,8 +306,19 @@ def test_onebit_adam_equals_the_reference_step_by_step(tmp_path: Path) -> None:
     # rank = one compressed copy; the biases' u in fp16
     onebit = sum(math.ceil(n / 2 / 8) * 2 + 4 * rows[k] for k, n in numel.items() if k in rows)
     assert r["onebit"]["bytes"][FREEZE] == onebit + 2 * 42
-    topk = sum(2 * 6 * math.ceil(0.02 * n / 2) for k, n in numel.items() if k in rows)  # int32 + fp16
+    # top-k: per block of 256 of a chunk, ⌈0.02·256⌉ = 6 one-byte places and fp8 values; a scale a chunk
+    topk = sum(2 * (math.ceil(n / 2 / 256) * 6 * 2 + 4) for k, n in numel.items() if k in rows)
     assert r["topk"]["bytes"][FREEZE] == topk + 2 * 42
+    # random-k: only the values at the shared indices, summed in int8, and each tensor's scale (a
+    # float): a 2-rank all-reduce sends one copy
+    randomk = sum(math.ceil(0.25 * n) + 4 for k, n in numel.items() if k in rows)
+    assert r["randomk"]["bytes"][FREEZE] == randomk + 2 * 42
+    # fp4 warm-up: per chunk half a byte a value and a bf16 scale per 32 values (trunk.0.weight's
+    # chunks: 1,024 values; head.weight's: 160); both ranks end with the same parameters
+    fp4 = r["onebit-fp4"]
+    warm = 2 * (512 + 2 * 32) + 2 * (80 + 2 * 5) + 2 * 42
+    assert fp4["bytes"][:FREEZE] == [warm] * FREEZE and fp4["bytes"][FREEZE] == onebit + 2 * 42
+    assert fp4["ranks_equal"]
     assert r["none_equal"] and r["none_optimizer"]
 
 
@@ -343,3 +406,68 @@ def test_the_fp8_warm_up_keeps_a_rows_small_gradients_and_refuses_a_malformed_pa
         raw = torch.randint(0, 256, (128 + 8,), dtype=torch.uint8, generator=gen)
         values, scales = raw[:128], raw[128:].view(torch.float32)
         assert fp8.decompress([values, scales], ctx).shape == grad.shape
+
+
+def test_the_fp4_warm_up_rounds_without_bias_and_refuses_a_malformed_payload() -> None:
+    # Prepare: values over six decades in blocks of 32 (n = 70: the last block is padded), a block
+    # of zeros, and the generator the hook would seed
+    grad = torch.cat([torch.logspace(-6, 0, 64) * torch.tensor([1.0, -1.0]).repeat(32), torch.zeros(6)])
+    fp4 = Fp4Blocks()
+    fp4.generator = torch.Generator().manual_seed(0)
+    # Execute: 4,000 roundings of the same gradient
+    payload, ctx = fp4.compress(grad)
+    mean = sum(fp4.decompress(*fp4.compress(grad)) for _ in range(4000)) / 4000
+    # Assert: half a byte a value and a bf16 scale per block of 32; every value decodes to one of the
+    # 16 levels times its block's scale, signs kept; the mean of the roundings is the value (within
+    # the binomial spread of 4,000 draws: a level step is at most 2·scale), including values far
+    # under the block's smallest step, which round-to-nearest would leave at 0
+    assert [t.numel() * t.element_size() for t in payload] == [35, 2 * 3]
+    back = fp4.decompress(payload, ctx)
+    assert (back * grad >= 0).all() and (back[64:] == 0).all()
+    scale = payload[1].float().repeat_interleave(32)[:70]
+    assert (
+        ((back.abs() / scale.clamp_min(1e-30)).unsqueeze(1) == torch.tensor(FP4_LEVELS)).any(dim=1)[:64].all()
+    )
+    tiny = grad.abs() < scale * 0.25  # under half the smallest step: round-to-nearest gives 0
+    assert tiny.sum() > 10 and (mean[tiny] != 0).all()
+    assert ((mean - grad).abs() <= 4 * 2 * scale / 4000**0.5).all()
+    # any bytes a peer sends decode (a random scale may be inf or NaN: a non-finite gradient); a
+    # payload of the wrong length is refused in one line
+    for _ in range(50):
+        junk = [torch.randint(0, 256, (35,), dtype=torch.uint8), torch.randn(3).to(torch.bfloat16)]
+        assert fp4.decompress(junk, ctx).shape == grad.shape
+    with pytest.raises(ValueError, match="fp4 payload of 34"):
+        fp4.decompress([payload[0][:34], payload[1]], ctx)
+
+
+def test_block_top_k_keeps_each_blocks_largest_in_fp8_with_one_byte_places() -> None:
+    # Prepare: 600 values (3 blocks of 256, the last padded), the largest 5 % of each block known
+    torch.manual_seed(0)
+    x = torch.randn(20, 30)
+    topk = TopK(0.05)
+    topk.block, topk.value_dtype = 256, torch.float8_e4m3fn
+    # Execute
+    payload, ctx = topk.compress(x)
+    back = topk.decompress(payload, ctx)
+    # Assert: ⌈0.05·256⌉ = 13 places (a byte each) and fp8 values per block, one fp32 scale; what
+    # comes back is each block's 13 largest |values| (the padded block: its 88 values and zeros),
+    # each within e4m3's rounding
+    assert [t.numel() * t.element_size() for t in payload] == [39, 39, 4]
+    flat, out = x.reshape(-1), back.reshape(-1)
+    for b in range(3):
+        block = flat[256 * b : 256 * (b + 1)]
+        want = block.abs().topk(min(13, block.numel())).indices + 256 * b
+        assert set(out.nonzero().squeeze(1)[(out.nonzero().squeeze(1) // 256) == b].tolist()) == set(
+            want.tolist()
+        )
+    kept = out != 0
+    assert ((out[kept] - flat[kept]).abs() <= flat[kept].abs() / 16).all()
+    # places are bytes, so any bytes decode inside the tensor; a short payload is refused
+    junk = [
+        torch.randint(0, 256, (39,), dtype=torch.uint8),
+        torch.randint(0, 256, (39,), dtype=torch.uint8),
+        torch.ones(1),
+    ]
+    assert topk.decompress(junk, ctx).shape == x.shape
+    with pytest.raises(ValueError, match="block payload of 38 places"):
+        topk.decompress([payload[0][:38], *payload[1:]], ctx)

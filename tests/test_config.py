@@ -57,7 +57,10 @@ def test_overrides_apply_over_file(tmp_path: Path) -> None:
         # a key of two types (bool | 'auto'): one line naming every form it takes, not one per type
         ("comm.overlap=sometimes", "comm.overlap: expected true, false or 'auto' (got 'sometimes')"),
         ("comm.ratio=lots", "comm.ratio: expected a number or 'auto' (got 'lots')"),
-        ("comm.warmup_precision=int4", "comm.warmup_precision: Input should be 'fp8' or 'fp16' (got 'int4')"),
+        (
+            "comm.warmup_precision=int4",
+            "comm.warmup_precision: Input should be 'fp4', 'fp8' or 'fp16' (got 'int4')",
+        ),
     ],
 )
 def test_bad_values_fail_with_one_line(override: str, expected: str) -> None:

@@ -121,6 +121,7 @@ def build_compressor(cfg: CommConfig, key: str = "comm.method") -> Compressor:
     return cls.from_config(cfg)
 
 
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 AUTO_RATIO = 0.1  # the DDP hook's share when comm.ratio = "auto", unless the class sets its own
 AUTO_RATIO_UPLOAD = 0.01  # federated uploads' share when comm.ratio = "auto"
 
@@ -133,6 +134,10 @@ class SparseCompressor(Compressor):
     # the values' dtype on the wire; None: the tensor's own. 1-bit Adam sends fp16 (what it
     # compresses is bounded by Adam's own bound, and its error feedback keeps the rounding)
     value_dtype: torch.dtype | None = None
+    # > 0: the tensor is cut into blocks of this many elements (at most 256), each keeps its own
+    # ⌈ratio·block⌉ and sends their places in it as one byte each (1-bit Adam's momentum: 4 bytes
+    # an index saved to 1, for a choice per block instead of over the tensor)
+    block: int = 0
 
     def __init__(self, ratio: float = 0.01) -> None:
         self.ratio = ratio
@@ -141,6 +146,36 @@ class SparseCompressor(Compressor):
         """The kept values as they travel."""
         kept = flat[indices]
         return kept if self.value_dtype is None else kept.to(self.value_dtype)
+
+    def select_rows(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """Indices within each row of ``rows`` (B, block) of its ``k`` elements to send: (B, k)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-block choice (block = 0 only)")
+
+    def _compress_blocks(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
+        flat = tensor.reshape(-1)
+        rows = torch.nn.functional.pad(flat, (0, -flat.numel() % self.block)).view(-1, self.block)
+        where = self.select_rows(rows, keep_count(self.block, self.ratio))  # (B, k)
+        kept = rows.gather(1, where).reshape(-1)  # (B·k,)
+        places, ctx = where.to(torch.uint8).reshape(-1), Ctx(tensor.shape, tensor.dtype)
+        if self.value_dtype != torch.float8_e4m3fn:
+            return [places, kept if self.value_dtype is None else kept.to(self.value_dtype)], ctx
+        scale = kept.abs().amax().float().clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX  # one
+        values = (kept / scale).clamp_(-FP8_MAX, FP8_MAX).to(self.value_dtype).view(torch.uint8)
+        return [places, values, scale.reshape(1)], ctx
+
+    def _decompress_blocks(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
+        where, values = payload[0], payload[1]
+        k = keep_count(self.block, self.ratio)
+        blocks = -(-ctx.numel // self.block)
+        if where.numel() != blocks * k or values.numel() != blocks * k or where.dtype != torch.uint8:
+            raise ValueError(f"block payload of {where.numel()} places and {values.numel()} values for "
+                             f"{blocks} blocks of {k} in a tensor of {ctx.numel}")  # fmt: skip
+        if len(payload) == 3:  # fp8 values and their scale
+            values = values.view(torch.float8_e4m3fn).float() * payload[2].float()
+        places = where.view(blocks, k).long() + torch.arange(blocks).unsqueeze(1) * self.block  # (B, k)
+        out = torch.zeros(blocks * self.block, dtype=ctx.dtype)
+        out.index_put_((places.reshape(-1),), values.to(ctx.dtype), accumulate=True)
+        return out[: ctx.numel].view(ctx.shape)
 
     @classmethod
     def from_config(cls, cfg: CommConfig) -> Compressor:
@@ -155,6 +190,8 @@ class SparseCompressor(Compressor):
         """(where, values): ``where`` is a bitmask of the kept elements (⌈n/8⌉ bytes, values in index
         order) when that is smaller than their int32 indices (4k bytes: above 1 in 32 kept), else
         the indices. Both sizes follow from n and the ratio alone, as the payload contract asks."""
+        if self.block:
+            return self._compress_blocks(tensor)
         flat = tensor.reshape(-1)
         n = flat.numel()
         k = keep_count(n, self.ratio)
@@ -167,6 +204,8 @@ class SparseCompressor(Compressor):
         return [indices.to(torch.int32), self.values(flat, indices)], Ctx(tensor.shape, tensor.dtype)
 
     def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
+        if self.block:
+            return self._decompress_blocks(payload, ctx)
         where, values = payload
         if where.dtype == torch.uint8:  # a bitmask
             where = unpack_bits(where, ctx.numel).nonzero().squeeze(1)

@@ -47,6 +47,7 @@ from vatra.comm.adam1bit_freeze import (
 )
 from vatra.comm.hooks import HookState, TensorDraws
 from vatra.comm.memory import Memory, NoMemory
+from vatra.comm.minifloat import Fp4Blocks, Fp8Rows
 from vatra.comm.topology import Topology
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ AUTO_RATIO = {"topk": 0.01, "randomk": 0.05}
 # ... or more on a short run: a kept value waits 1/ratio steps on average, and each coordinate gets
 # at least this many turns in the compressed phase (at 1 %, topk lost 1.1 points on digits' 300
 # steps, whose 225 compressed steps gave it 2 turns; it kept accuracy over 1,900 compressed steps).
-AUTO_TURNS = {"topk": 20, "randomk": 100}
+AUTO_TURNS = {"topk": 8, "randomk": 75}
 AUTO_RATIO_MAX = {"topk": 0.25, "randomk": 0.5}  # the gradient path's shares
 VARIANCE_TOL = 0.02  # relative change of |v̂| per step
 VARIANCE_WINDOW = 15  # steps in a row that say the variance has settled
@@ -157,7 +158,9 @@ class Adam1BitState(HookState):
     frozen: bool = False
     groups: dict[int, dict[str, Any]] = field(default_factory=dict)
     fp32_resends: int = 0  # warm-up steps whose fp16 sum overflowed and went again in fp32
-    warmup_fp8: bool = False  # the warm-up's gradients in fp8 (comm.warmup_precision), else fp16
+    warmup: Compressor | None = None  # the warm-up's gradients' (comm.warmup_precision); None: fp16
+    sum_int8: bool = False  # random-k's shared-index values summed as int8 (else in the values' dtype)
+    warmup_draws: TensorDraws | None = None  # its randomness (fp4's rounding: each rank its own)
 
     def refresh(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -204,6 +207,10 @@ class Adam1Bit:
         if isinstance(compressor, SparseCompressor) and ratio is not None:
             compressor.ratio = ratio
             compressor.value_dtype = torch.float16  # |u| ≤ Adam's bound (~7.3): no overflow
+            if comm.method == "topk":
+                compressor.block, compressor.value_dtype = 256, torch.float8_e4m3fn
+            elif comm.method == "randomk":
+                compressor.value_dtype = None
         self.start = None if comm.start_step == "auto" else max(1, comm.start_step)  # v needs one step
         self.cap = max(1, math.ceil(CAP_SHARE * steps))
         # not before the LR warm-up ends, nor before a window's worth of steps
@@ -230,8 +237,14 @@ class Adam1Bit:
             overlap=bool(comm.overlap),  # resolved by the recipe; "auto" = on
             draws=draws,
             params={id(p): p for p in trainer.module.parameters()},
-            warmup_fp8=comm.warmup_precision == "fp8",
         )
+        self.state.sum_int8 = comm.method == "randomk" and compressor.sums
+        if comm.warmup_precision == "fp4":
+            self.state.warmup = Fp4Blocks()
+            draws = TensorDraws(trainer.cfg.run.seed, topology.rank, index, trainer.dist.device)
+            self.state.warmup.generator, self.state.warmup_draws = draws.generator, draws
+        elif comm.warmup_precision == "fp8":
+            self.state.warmup = Fp8Rows()
         self.state.refresh(trainer.optimizer)
         trainer.log_event(
             "comm", adam1bit=True, start="comm.start_step" if self.start else "variance settles",

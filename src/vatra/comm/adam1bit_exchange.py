@@ -27,7 +27,7 @@ import torch.distributed as dist
 from vatra.comm._base import Compressor, Ctx, Payload, SparseCompressor
 from vatra.comm.adam1bit import NoTwoSidedMemory, TwoSidedMemory
 from vatra.comm.batching import all_reduce_coalesced_, pack_bytes, unpack_bytes
-from vatra.comm.hooks import _average_payloads, _compress, _keys
+from vatra.comm.hooks import TensorDraws, _average_payloads, _compress, _keys
 from vatra.comm.overlap import run_bucket
 from vatra.comm.ring import exchange
 from vatra.comm.topology import nbytes
@@ -35,38 +35,8 @@ from vatra.comm.topology import nbytes
 if TYPE_CHECKING:
     from vatra.comm.adam1bit import Adam1BitState
 
-__all__ = ["Fp8Rows", "adam1bit_hook", "chunks", "compressed_average"]
+__all__ = ["adam1bit_hook", "chunks", "compressed_average"]
 
-FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
-
-
-class Fp8Rows(Compressor):
-    """float8 (e4m3) with an fp32 scale per row (amax / 448): the warm-up's gradients. One byte a
-    value like int8, but a value keeps ~6 % relative precision down to ~10⁻⁵ of its row's largest,
-    where int8 rounds everything under 1/254 of it to 0: Adam's v of a coordinate whose gradients
-    stay small would be 0, and its update after the freeze clipped to Adam's largest."""
-
-    def compress(self, tensor: torch.Tensor) -> tuple[Payload, Ctx]:
-        rows = tensor.detach().float().reshape(tensor.shape[0] if tensor.dim() >= 2 else 1, -1)  # (R, n/R)
-        scale = rows.abs().amax(dim=1) / FP8_MAX  # (R,)
-        scaled = (rows / scale.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)).clamp(
-            -FP8_MAX, FP8_MAX
-        )
-        return [scaled.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1), scale], Ctx(
-            tensor.shape, tensor.dtype
-        )
-
-    def decompress(self, payload: Payload, ctx: Ctx) -> torch.Tensor:
-        q, scale = payload
-        rows = ctx.shape[0] if len(ctx.shape) >= 2 else 1
-        if q.numel() != ctx.numel or q.dtype != torch.uint8 or scale.numel() != rows:
-            raise ValueError(f"fp8 payload of {q.numel()} {q.dtype} values and {scale.numel()} scales "
-                             f"for a tensor of {ctx.numel} in {rows} rows")  # fmt: skip
-        values = q.view(torch.float8_e4m3fn).float().reshape(rows, -1) * scale.float().unsqueeze(1)
-        return values.view(ctx.shape).to(ctx.dtype)
-
-
-_FP8 = Fp8Rows()  # stateless: one for every hook
 _NO_FEEDBACK = NoTwoSidedMemory()
 
 
@@ -80,8 +50,8 @@ def adam1bit_hook(state: "Adam1BitState", bucket: dist.GradBucket) -> torch.futu
         t0 = time.perf_counter()
         if frozen:
             _momentum_average(state, keys, grads)
-        elif state.warmup_fp8:
-            _fp8_average(state, keys, grads)
+        elif state.warmup is not None:
+            _warmup_average(state, keys, grads)
         else:
             _half_average_(buffer, state)
         state.comm_time_s += time.perf_counter() - t0
@@ -103,7 +73,7 @@ def _half_average_(buffer: torch.Tensor, state: "Adam1BitState") -> None:
     buffer.div_(state.topology.world_size)
 
 
-def _fp8_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
+def _warmup_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
     """The warm-up's average of the gradients in fp8 (``comm.warmup_precision``, :class:`Fp8Rows`):
     each matrix through the two-sided exchange without error feedback (a gradient's rounding must
     not reach the momentum phase's residuals), so every rank gets the same average at a quarter of
@@ -117,7 +87,7 @@ def _fp8_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tens
             g.copy_(t.view_as(g))
     large = [(k, g) for k, g in zip(keys, grads, strict=True) if g.numel() >= least]
     if large:
-        compressed_average(state, large, _FP8, _NO_FEEDBACK)
+        compressed_average(state, large, state.warmup, _NO_FEEDBACK, state.warmup_draws)
 
 
 def _momentum_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
@@ -154,12 +124,17 @@ def compressed_average(
     large: list[tuple[int, torch.Tensor]],
     comp: Compressor | None = None,
     feedback: TwoSidedMemory | None = None,
+    draws: TensorDraws | None = None,
 ) -> None:
     """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks, by
     ``comp`` with ``feedback``'s error feedback (default: the state's compressor and memory; the fp8
     warm-up passes its own compressor and none)."""
-    comp = comp or state.compressor
+    if comp is None:
+        comp, draws = state.compressor, state.draws
     if comp.sums:
+        if state.sum_int8:
+            _int8_sum(state, large)
+            return
         payloads, summed = _compress(state, large)  # worker error feedback in state.memory
         _average_payloads(state, large, payloads, summed, state.sum_topology, state.topology)
         return
@@ -171,8 +146,8 @@ def compressed_average(
     for key, m in large:
         x = memory.compensate(m, key)  # mᵢ + eᵢ
         sent = torch.empty_like(x)
-        if state.draws is not None:
-            state.draws.reseed(key, state.step)
+        if draws is not None:
+            draws.reseed(key, state.step)
         for j, (part, out) in enumerate(zip(chunks(x, world), chunks(sent, world), strict=True)):
             payload, ctx = comp.compress(part)
             out.copy_(comp.decompress(payload, ctx).view_as(out))
@@ -205,6 +180,33 @@ def compressed_average(
     for t, (_, g) in enumerate(large):
         for j, part in enumerate(chunks(g, world)):
             part.copy_(comp.decompress(chunk_of[j][t], ctxs[j][t]).view_as(part))
+
+
+def _int8_sum(state: "Adam1BitState", large: list[tuple[int, torch.Tensor]]) -> None:
+    """Summable payloads (random-k's values at the indices every rank drew) all-reduced as int8 with
+    one scale per tensor that every rank shares: the sum over ranks of their largest |value|,
+    over 127 − W. Rounded to the nearest, rank i's |q| ≤ (127 − W)·amaxᵢ/Σamax + ½, so the W
+    summed int8 never pass 127 and the sum is exact; each rank's error feedback keeps its own
+    rounding. One extra all-reduce of a float per tensor."""
+    comp, world = state.compressor, state.topology.world_size
+    xs, values, ctxs = [], [], []
+    for key, m in large:
+        x = state.memory.compensate(m, key)  # mᵢ + eᵢ
+        assert state.draws is not None
+        state.draws.reseed(key, state.step)
+        (v,), ctx = comp.compress(x)
+        xs.append(x)
+        values.append(v.float())
+        ctxs.append(ctx)
+    total = torch.stack([v.abs().amax() for v in values])  # (T,)
+    state.sum_topology.all_reduce_(total)
+    scales = total.clamp_min(torch.finfo(torch.float32).tiny).div_(127 - world).tolist()
+    qs = [torch.round(v / s).to(torch.int8) for v, s in zip(values, scales, strict=True)]
+    for (key, _), x, q, s, ctx in zip(large, xs, qs, scales, ctxs, strict=True):
+        state.memory.update(x, key, comp.decompress([q.float() * s], ctx))
+    all_reduce_coalesced_(qs, state.sum_topology, state.bucket_bytes)
+    for (_, g), q, s, ctx in zip(large, qs, scales, ctxs, strict=True):
+        g.copy_(comp.decompress([q.float() * (s / world)], ctx))
 
 
 def _swap(

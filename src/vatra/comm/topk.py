@@ -13,3 +13,6 @@ class TopK(SparseCompressor):
 
     def select(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         return flat.abs().topk(k, sorted=False).indices
+
+    def select_rows(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        return rows.abs().topk(k, dim=1, sorted=False).indices

@@ -57,12 +57,13 @@ class CommConfig(Section):
         "There comm.start_step = 'auto' freezes the variance when it has settled, a number after that "
         "many steps. false: the gradients are compressed, as under SGD.",
     )
-    warmup_precision: Literal["fp8", "fp16"] = Field(
-        "fp8",
-        description="1-bit Adam's warm-up (comm.adam1bit): the gradients' average sent in fp8 (e4m3) "
-        "with a scale per row (each rank's chunk to the rank that serves it, that rank's average back, "
-        "so every rank gets the same average; a quarter of fp32's bytes) or in fp16 (half of fp32's "
-        "bytes, exact but for rounding; a sum that overflows goes again in fp32).",
+    warmup_precision: Literal["fp4", "fp8", "fp16"] = Field(
+        "fp4",
+        description="1-bit Adam's warm-up (comm.adam1bit): the gradients' average sent in fp4 (e2m1, "
+        "stochastically rounded, a bf16 scale per 32 values: ~0.56 bytes a value) or fp8 (e4m3, a scale "
+        "per row), each rank's chunk to the rank that serves it and that rank's average back, so every "
+        "rank gets the same average; or in fp16 (half of fp32's bytes, exact but for rounding; a sum "
+        "that overflows goes again in fp32).",
     )
     momentum_correction: bool | Literal["auto"] = Field(
         "auto",
