@@ -172,8 +172,11 @@ class SparseCompressor(Compressor):
                              f"{blocks} blocks of {k} in a tensor of {ctx.numel}")  # fmt: skip
         if len(payload) == 3:  # fp8 values and their scale
             values = values.view(torch.float8_e4m3fn).float() * payload[2].float()
-        places = where.view(blocks, k).long() + torch.arange(blocks).unsqueeze(1) * self.block  # (B, k)
-        out = torch.zeros(blocks * self.block, dtype=ctx.dtype)
+        on = where.device
+        places = (
+            where.view(blocks, k).long() + torch.arange(blocks, device=on).unsqueeze(1) * self.block
+        )  # (B, k)
+        out = torch.zeros(blocks * self.block, dtype=ctx.dtype, device=on)
         out.index_put_((places.reshape(-1),), values.to(ctx.dtype), accumulate=True)
         return out[: ctx.numel].view(ctx.shape)
 

@@ -60,13 +60,14 @@ class Fp4Blocks(Compressor):
         flat = tensor.detach().float().reshape(-1)
         n = flat.numel()
         blocks = torch.nn.functional.pad(flat, (0, -n % FP4_BLOCK)).view(-1, FP4_BLOCK)  # (B, 32)
-        # bf16 rounds to within 2⁻⁹: scaled up by 2⁻⁷ first, every |value| / scale stays ≤ 6
+        # bf16 rounds to within 2⁻⁸: scaled up by 2⁻⁷ first, every |value| / scale stays ≤ 6
         scale = (blocks.abs().amax(dim=1) * ((1 + 2**-7) / FP4_LEVELS[-1])).to(torch.bfloat16)  # (B,)
         safe = scale.float().clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
         mag = (blocks.abs() / safe).clamp_(max=FP4_LEVELS[-1]).reshape(-1)  # (B·32,)
-        low = torch.bucketize(mag, self.levels, right=True).sub_(1).clamp_(max=len(FP4_LEVELS) - 2)
-        lo, hi = self.levels[low], self.levels[low + 1]
-        up = torch.rand(mag.shape, generator=self.generator) < (mag - lo) / (hi - lo)
+        levels = self.levels.to(mag.device)
+        low = torch.bucketize(mag, levels, right=True).sub_(1).clamp_(max=len(FP4_LEVELS) - 2)
+        lo, hi = levels[low], levels[low + 1]
+        up = torch.rand(mag.shape, generator=self.generator, device=mag.device) < (mag - lo) / (hi - lo)
         code = (low + up).to(torch.uint8) | (blocks.reshape(-1) < 0).to(torch.uint8) << 3  # (B·32,)
         packed = code[0::2] << 4 | code[1::2]  # (B·16,)
         return [packed[: -(-n // 2)], scale], Ctx(tensor.shape, tensor.dtype)
@@ -79,6 +80,6 @@ class Fp4Blocks(Compressor):
             raise ValueError(f"fp4 payload of {packed.numel()} {packed.dtype} bytes and {scale.numel()} "
                              f"scales for a tensor of {n}")  # fmt: skip
         code = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[:n].long()  # (n,)
-        value = self.levels[code & 7] * (1 - 2 * (code >> 3)).float()
+        value = self.levels.to(code.device)[code & 7] * (1 - 2 * (code >> 3)).float()
         value = torch.nn.functional.pad(value, (0, blocks * FP4_BLOCK - n)).view(blocks, FP4_BLOCK)
         return (value * scale.float().unsqueeze(1)).reshape(-1)[:n].view(ctx.shape).to(ctx.dtype)
