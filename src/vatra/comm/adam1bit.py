@@ -77,6 +77,10 @@ AUTO_RATIO = {"topk": 0.01, "randomk": 0.05}
 # steps, whose 225 compressed steps gave it 2 turns; it kept accuracy over 1,900 compressed steps).
 AUTO_TURNS = {"topk": 8, "randomk": 75}
 AUTO_RATIO_MAX = {"topk": 0.25, "randomk": 0.5}  # the gradient path's shares
+TOPK_BLOCK = 256  # top-k chooses per block of this many values: a place is one byte
+# random-k's values at shared indices are summed as int8 up to this many ranks (a rank's share of
+# the 127 levels falls as (127 − W)/W), in fp16 above
+INT8_SUM_WORLD = 8
 VARIANCE_TOL = 0.02  # relative change of |v̂| per step
 VARIANCE_WINDOW = 15  # steps in a row that say the variance has settled
 CAP_SHARE = 0.25  # frozen by this share of train.steps at the latest
@@ -207,10 +211,8 @@ class Adam1Bit:
         if isinstance(compressor, SparseCompressor) and ratio is not None:
             compressor.ratio = ratio
             compressor.value_dtype = torch.float16  # |u| ≤ Adam's bound (~7.3): no overflow
-            if comm.method == "topk":
-                compressor.block, compressor.value_dtype = 256, torch.float8_e4m3fn
-            elif comm.method == "randomk":
-                compressor.value_dtype = None
+            if comm.method == "topk":  # a choice per block of 256: one-byte places, fp8 values
+                compressor.block, compressor.value_dtype = TOPK_BLOCK, torch.float8_e4m3fn
         self.start = None if comm.start_step == "auto" else max(1, comm.start_step)  # v needs one step
         self.cap = max(1, math.ceil(CAP_SHARE * steps))
         # not before the LR warm-up ends, nor before a window's worth of steps
@@ -238,7 +240,9 @@ class Adam1Bit:
             draws=draws,
             params={id(p): p for p in trainer.module.parameters()},
         )
-        self.state.sum_int8 = comm.method == "randomk" and compressor.sums
+        small_world = topology.world_size <= INT8_SUM_WORLD
+        if isinstance(compressor, SparseCompressor) and compressor.sums and small_world:  # random-k
+            self.state.sum_int8, compressor.value_dtype = True, None  # int8 from the fp32 values
         if comm.warmup_precision == "fp4":
             self.state.warmup = Fp4Blocks()
             draws = TensorDraws(trainer.cfg.run.seed, topology.rank, index, trainer.dist.device)

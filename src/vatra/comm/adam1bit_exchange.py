@@ -74,10 +74,11 @@ def _half_average_(buffer: torch.Tensor, state: "Adam1BitState") -> None:
 
 
 def _warmup_average(state: "Adam1BitState", keys: list[int], grads: list[torch.Tensor]) -> None:
-    """The warm-up's average of the gradients in fp8 (``comm.warmup_precision``, :class:`Fp8Rows`):
-    each matrix through the two-sided exchange without error feedback (a gradient's rounding must
-    not reach the momentum phase's residuals), so every rank gets the same average at a quarter of
-    fp32's bytes; tensors under ``comm.min_numel`` as in the fp16 warm-up."""
+    """The warm-up's average of the gradients in fp4 or fp8 (``comm.warmup_precision``,
+    :mod:`vatra.comm.minifloat`): each matrix through the two-sided exchange without error feedback
+    (a gradient's rounding must not reach the momentum phase's residuals), so every rank gets the
+    same average at ~0.14 (fp4) or ~0.26 (fp8) of fp32's bytes; tensors under ``comm.min_numel`` as
+    in the fp16 warm-up."""
     least = max(state.min_numel, state.topology.world_size)
     small = [g for g in grads if g.numel() < least]
     if small:
@@ -127,8 +128,8 @@ def compressed_average(
     draws: TensorDraws | None = None,
 ) -> None:
     """Replace each tensor (a rank's momentum) with the two-sided compressed average over ranks, by
-    ``comp`` with ``feedback``'s error feedback (default: the state's compressor and memory; the fp8
-    warm-up passes its own compressor and none)."""
+    ``comp`` with ``feedback``'s error feedback and ``draws`` (default: the state's compressor, memory
+    and draws; the warm-up passes its own compressor and draws, and no feedback)."""
     if comp is None:
         comp, draws = state.compressor, state.draws
     if comp.sums:

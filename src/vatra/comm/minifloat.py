@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from vatra.comm._base import Compressor, Ctx, Payload
+from vatra.comm._base import FP8_MAX, Compressor, Ctx, Payload
 
 __all__ = ["FP4_BLOCK", "FP4_LEVELS", "Fp4Blocks", "Fp8Rows"]
-
-FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
 class Fp8Rows(Compressor):
