@@ -121,6 +121,8 @@ class Reference:
                     avg = sum(ui.half() for ui in u).float() / WORLD  # type: ignore[union-attr]
                 elif self.cfg.comm.method == "randomk":
                     avg = self._int8_average(n, u)
+                elif self.cfg.comm.method == "topk":
+                    avg = self._gathered_average(n, u)
                 else:
                     avg = self._compressed_average(n, u)
                 self.m[n] = avg * denom
@@ -149,6 +151,16 @@ class Reference:
             self.e[name, i] = (x - torch.zeros_like(x).index_put_((idx,), q.float() * s)).view_as(u[i])
         total = qs[0] + qs[1]  # no overflow: |q₀| + |q₁| ≤ 127 − W + 1
         return torch.zeros_like(xs[0]).index_put_((idx,), total.float() * (s / WORLD)).view_as(u[0])
+
+    def _gathered_average(self, name: str, u: list[torch.Tensor]) -> torch.Tensor:
+        """top-k on 2 ranks: each rank's cᵢ = C(uᵢ + eᵢ) of the whole tensor goes to the other,
+        eᵢ ← uᵢ + eᵢ − cᵢ, ū = the cᵢ's mean (no server cut, so no server error)."""
+        sent = []
+        for i, ui in enumerate(u):
+            xi = ui + self.e[name, i]
+            sent.append(self.compress(xi))
+            self.e[name, i] = xi - sent[-1]
+        return sum(sent) / WORLD  # type: ignore[return-value]
 
     def _compressed_average(self, name: str, u: list[torch.Tensor]) -> torch.Tensor:
         sent = []
@@ -306,8 +318,9 @@ def test_onebit_adam_equals_the_reference_step_by_step(tmp_path: Path) -> None:
     # rank = one compressed copy; the biases' u in fp16
     onebit = sum(math.ceil(n / 2 / 8) * 2 + 4 * rows[k] for k, n in numel.items() if k in rows)
     assert r["onebit"]["bytes"][FREEZE] == onebit + 2 * 42
-    # top-k: per block of 256 of a chunk, ⌈0.02·256⌉ = 6 one-byte places and fp8 values; a scale a chunk
-    topk = sum(2 * (math.ceil(n / 2 / 256) * 6 * 2 + 4) for k, n in numel.items() if k in rows)
+    # top-k (2 ranks: the whole tensor's payload to the other rank): per block of 256, ⌈0.02·256⌉ = 6
+    # one-byte places and fp8 values, and one fp32 scale
+    topk = sum(math.ceil(n / 256) * 6 * 2 + 4 for k, n in numel.items() if k in rows)
     assert r["topk"]["bytes"][FREEZE] == topk + 2 * 42
     # random-k: only the values at the shared indices, summed in int8, and each tensor's scale (a
     # float): a 2-rank all-reduce sends one copy

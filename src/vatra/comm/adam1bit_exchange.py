@@ -13,7 +13,9 @@ row; flat pieces otherwise); rank j serves chunk j. Per tensor and step:
 A rank thus sends 2·(W−1)/W of one compressed copy of the tensor per step, like a ring all-reduce
 of the payload, and every byte is counted as it is handed to ``isend``. A compressor whose payloads
 add up (random-k with indices every rank draws alike) is all-reduced instead: the sum of values at
-shared indices is exact, so the server side has no error to keep.
+shared indices is exact, so the server side has no error to keep; 1-bit Adam sums random-k's
+values as int8 under a scale every rank shares (:func:`_int8_sum`). On two ranks a block top-k's
+payloads are gathered whole instead (each rank's to the other: the same bytes, and no server cut).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real objects.
@@ -139,8 +141,15 @@ def compressed_average(
         payloads, summed = _compress(state, large)  # worker error feedback in state.memory
         _average_payloads(state, large, payloads, summed, state.sum_topology, state.topology)
         return
-    memory = feedback or state.memory
     world, rank = state.topology.world_size, state.topology.rank
+    if world == 2 and isinstance(comp, SparseCompressor) and comp.block:
+        # Two ranks: each one's whole payload to the other costs what a chunk to its server and
+        # the served chunk back cost, and skips the server's second cut, which would keep k of the
+        # up to 2k places the two payloads hold (the rest waiting in the server's error)
+        payloads, ctxs = _compress(state, large)  # worker error feedback in state.memory
+        _average_payloads(state, large, payloads, ctxs, state.sum_topology, state.topology)
+        return
+    memory = feedback or state.memory
     assert isinstance(memory, TwoSidedMemory)
     worker: list[list[Payload]] = [[] for _ in range(world)]  # [chunk j][tensor]: this rank's payloads
     ctxs: list[list[Ctx]] = [[] for _ in range(world)]  # [chunk j][tensor]
