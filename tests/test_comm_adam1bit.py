@@ -475,6 +475,11 @@ def test_block_top_k_keeps_each_blocks_largest_in_fp8_with_one_byte_places() -> 
         )
     kept = out != 0
     assert ((out[kept] - flat[kept]).abs() <= flat[kept].abs() / 16).all()
+    # without fp8 the kept values travel as they are (no scale)
+    topk.value_dtype = None
+    plain = topk.decompress(*topk.compress(x)).reshape(-1)
+    assert torch.equal(plain != 0, kept) and torch.equal(plain[kept], flat[kept])
+    topk.value_dtype = torch.float8_e4m3fn
     # places are bytes, so any bytes decode inside the tensor; a short payload is refused
     junk = [
         torch.randint(0, 256, (39,), dtype=torch.uint8),
