@@ -146,8 +146,8 @@ def compressed_average(
         # Two ranks: each one's whole payload to the other costs what a chunk to its server and
         # the served chunk back cost, and skips the server's second cut, which would keep k of the
         # up to 2k places the two payloads hold (the rest waiting in the server's error)
-        payloads, ctxs = _compress(state, large)  # worker error feedback in state.memory
-        _average_payloads(state, large, payloads, ctxs, state.sum_topology, state.topology)
+        payloads, whole = _compress(state, large)  # worker error feedback in state.memory
+        _average_payloads(state, large, payloads, whole, state.sum_topology, state.topology)
         return
     memory = feedback or state.memory
     assert isinstance(memory, TwoSidedMemory)
