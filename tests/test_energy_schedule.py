@@ -142,9 +142,11 @@ def test_cli_measures_the_duration_from_the_last_run(
 
 @pytest.mark.slow(30)
 def test_run_starts_vatra_train_in_the_window_now(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    # Prepare: this hour is the cheapest of the profile, so the window starts now and nothing waits
+    # Prepare: this hour and the next are the cheapest of the profile, so the window starts now and
+    # nothing waits (with only this hour cheap, a run started in its last minute would straddle the
+    # next, dearer one, and the cheapest 60 s would be this hour tomorrow: the profile repeats daily)
     hour = int(time.time() // H * H)
-    rows = "".join(f"{hour + i * int(H)},{1 if i == 0 else 100}\n" for i in range(6))
+    rows = "".join(f"{hour + i * int(H)},{1 if i < 2 else 100}\n" for i in range(6))
     (profile := tmp_path / "p.csv").write_text("time,price\n" + rows)
     sets = [f"run.out_dir={tmp_path / 'runs'}", "train.steps=4", "dist.nproc=1", "checkpoint.enabled=false"]
     sets += ["monitor.report=false", "run.progress=off"]
