@@ -4,10 +4,11 @@ Error feedback on raw gradients fights Adam: the second moment v sees the compre
 gradients, and coordinates that wait in the residual arrive as spikes that v then divides by. 1-bit
 Adam splits training in two:
 
-1. **Warm-up**: gradients are averaged (sent in fp8 with a scale per row through the two-sided
-   exchange, or with ``comm.warmup_precision = "fp16"`` in fp16 with an fp32 resend when the sum
-   overflows) and Adam runs as it always does, until v has settled (:class:`VarianceWatch`:
-   the bias-corrected ‖v̂‖ stopped moving or stopped growing, after the LR warm-up).
+1. **Warm-up**: gradients are averaged (sent in fp4 with a scale per 32 values, or fp8 with one
+   per row, through the two-sided exchange; with ``comm.warmup_precision = "fp16"`` in fp16 with an
+   fp32 resend when the sum overflows) and Adam runs as it always does, until v has settled
+   (:class:`VarianceWatch`: the bias-corrected ‖v̂‖ stopped moving or stopped growing, after the
+   LR warm-up).
 2. **Compressed**: v is frozen (Adam's bias correction of v folded in at that step). Each rank
    updates the shared momentum with its own gradient, ``mᵢ = β₁·m + (1 − β₁)·gᵢ``, and takes the
    update it would make, ``uᵢ = mᵢ/(√v̂ + ε)``, clipped to Adam's own bound. The ranks average the
@@ -145,8 +146,8 @@ class TwoSidedMemory(Memory):
 
 
 class NoTwoSidedMemory(NoMemory, TwoSidedMemory):
-    """Error feedback off on both sides: the fp8 warm-up's exchange (a gradient's rounding must not
-    reach the momentum phase's residuals)."""
+    """Error feedback off on both sides: the minifloat warm-up's exchange (a gradient's rounding
+    must not reach the momentum phase's residuals)."""
 
     def compensate_server(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
         return tensor
@@ -214,9 +215,10 @@ class Adam1Bit:
         self.auto_ratio = comm.ratio == "auto"  # set at the freeze, from the steps left
         if isinstance(compressor, SparseCompressor) and ratio is not None:
             compressor.ratio = ratio
-            compressor.value_dtype = torch.float16  # |u| ≤ Adam's bound (~7.3): no overflow
             if comm.method == "topk":  # a choice per block of 256: one-byte places, fp8 values
                 compressor.block, compressor.value_dtype = TOPK_BLOCK, torch.float8_e4m3fn
+            else:  # |u| ≤ Adam's bound (~7.3): no overflow in fp16
+                compressor.value_dtype = torch.float16
         self.start = None if comm.start_step == "auto" else max(1, comm.start_step)  # v needs one step
         self.cap = max(1, math.ceil(CAP_SHARE * steps))
         # not before the LR warm-up ends, nor before a window's worth of steps

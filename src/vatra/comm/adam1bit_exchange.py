@@ -198,12 +198,12 @@ def _int8_sum(state: "Adam1BitState", large: list[tuple[int, torch.Tensor]]) -> 
     over 127 − W. Rounded to the nearest, rank i's |q| ≤ (127 − W)·amaxᵢ/Σamax + ½, so the W
     summed int8 never pass 127 and the sum is exact; each rank's error feedback keeps its own
     rounding. One extra all-reduce of a float per tensor."""
-    comp, world = state.compressor, state.topology.world_size
+    comp, world, draws = state.compressor, state.topology.world_size, state.draws
+    assert draws is not None, "int8 sums are for shared random-k draws"
     xs, values, ctxs = [], [], []
     for key, m in large:
         x = state.memory.compensate(m, key)  # mᵢ + eᵢ
-        assert state.draws is not None
-        state.draws.reseed(key, state.step)
+        draws.reseed(key, state.step)
         (v,), ctx = comp.compress(x)
         xs.append(x)
         values.append(v.float())
