@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MUTATIONS = {"wire": 1500, "secagg": 1500, "config": 300, "manifest": 80, "table": 300}  # ≈ 1 s each, quiet
 MUTATIONS |= {"ablog": 150}  # the serving logs ab-report reads (tests/fuzz/ab_targets.py)
 MUTATIONS |= {"contract": 10000, "notice": 10000}  # a federation contract, a spot notice (remote_targets.py)
+MUTATIONS |= {"payload": 1500}  # another rank's compressor payload in 1-bit Adam (payload_targets.py)
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

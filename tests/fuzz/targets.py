@@ -15,6 +15,7 @@ MODULES = {  # target name → the module defining it (as NAME.upper())
     "ablog": "tests.fuzz.ab_targets",
     "contract": "tests.fuzz.remote_targets",
     "notice": "tests.fuzz.remote_targets",
+    "payload": "tests.fuzz.payload_targets",
 }
 
 
