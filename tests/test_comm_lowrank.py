@@ -16,6 +16,7 @@ from tests._dist import end_group, spawn
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from vatra.comm.batching import int8_sum_
 from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook, worth_compressing
 from vatra.comm.topology import FlatTopology
 
@@ -27,6 +28,8 @@ CASES = [
     ("fp32-overlap", True, torch.float32, 1.0),
     ("fp16", True, torch.float16, 1.0),
     ("fp16-overflow", True, torch.float16, 1e5),
+    ("int8", False, torch.int8, 1.0),
+    ("int8-large", True, torch.int8, 1e5),
 ]
 
 
@@ -126,6 +129,21 @@ def _worker(rank: int, init_file: str, out: str) -> None:
             results[f"messages/{name}"] = state.counter.messages
             results[f"resends/{name}"] = state.fp32_resends
             state.close()
+        # int8 sums at the edge: every rank at the top of its range sums to ±127 at most, exactly
+        big = torch.tensor([[1e6, -1e6, 3.0], [0.5, 0.25, -0.125]])
+        sent_summed = int8_sum_([big], [1], FlatTopology(), 1 << 20)
+        assert sent_summed is not None
+        sent, summed = sent_summed
+        results["int8/edge"] = float(
+            ((summed[0] - WORLD * big).abs() / (WORLD * big).abs().amax(1, True)).max()
+        )
+        results["int8/sent"] = float(((sent[0] - big).abs() / big.abs().amax(1, True)).max())
+        # a non-finite value on one rank: every rank is told, none waits alone
+        bad = torch.tensor([1.0, float("nan") if rank == 1 else 2.0])
+        results[f"int8/nonfinite/{rank}"] = int8_sum_([bad], [None], FlatTopology(), 1 << 20) is None
+        flags = torch.tensor([float(int8_sum_([bad], [None], FlatTopology(), 1 << 20) is None)])
+        dist.all_reduce(flags)
+        results["int8/nonfinite"] = float(flags)
         if rank == 0:
             Path(out).write_text(json.dumps(results))
     finally:
@@ -143,3 +161,13 @@ def test_vatra_powersgd_equals_powersgd_from_both_ranks_gradients(tmp_path: Path
     assert r["resends/fp16"] == r["resends/fp32"] == 0 and r["resends/fp16-overflow"] == 2 * STEPS, (
         r
     )  # P and Q
+    # one all-reduce a step for P and the vectors (which travel beside P in fp16, with error
+    # feedback), one for Q; int8 adds one of the maxima before each
+    assert r["messages/fp32"] == r["messages/fp16"] == 1 + 2 * STEPS, r
+    # int8 factors, one scale per component: PowerSGD's average to a few per cent of each tensor's
+    # largest entry, whatever the gradients' size (a loss scaled by 10⁵ is no overflow for int8)
+    assert 1e-3 < r["int8"] < 0.1 and 1e-3 < r["int8-large"] < 0.1, r
+    assert r["messages/int8"] == 1 + 4 * STEPS and r["resends/int8"] == r["resends/int8-large"] == 0, r
+    # the shared scale: rank i's values take (127 − W)·amaxᵢ/Σamax levels, so the sum is within a level
+    assert r["int8/edge"] <= 1.001 / 125 and r["int8/sent"] <= 1.001 / 125, r
+    assert r["int8/nonfinite"] == WORLD, r

@@ -46,6 +46,7 @@ from vatra.comm.adam1bit_freeze import (
     frozen_optimizer,
     rebind_scheduler,
 )
+from vatra.comm.batching import INT8_SUM_WORLD
 from vatra.comm.hooks import HookState, TensorDraws
 from vatra.comm.memory import Memory, NoMemory
 from vatra.comm.minifloat import Fp4Blocks, Fp8Rows
@@ -83,9 +84,6 @@ AUTO_RATIO = {"topk": 0.03, "randomk": 0.15}
 AUTO_TURNS = {"topk": 8, "randomk": 75}
 AUTO_RATIO_MAX = {"topk": 0.25, "randomk": 0.5}  # the gradient path's shares
 TOPK_BLOCK = 256  # top-k chooses per block of this many values: a place is one byte
-# random-k's values at shared indices are summed as int8 up to this many ranks (a rank's share of
-# the 127 levels falls as (127 − W)/W), in fp16 above
-INT8_SUM_WORLD = 8
 VARIANCE_TOL = 0.02  # relative change of |v̂| per step
 VARIANCE_WINDOW = 15  # steps in a row that say the variance has settled
 CAP_SHARE = 0.25  # frozen by this share of train.steps at the latest

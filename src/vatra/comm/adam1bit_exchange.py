@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from vatra.comm._base import Compressor, Ctx, Payload, SparseCompressor
 from vatra.comm.adam1bit import NoTwoSidedMemory, TwoSidedMemory
-from vatra.comm.batching import all_reduce_coalesced_, pack_bytes, unpack_bytes
+from vatra.comm.batching import all_reduce_coalesced_, int8_sum_, pack_bytes, unpack_bytes
 from vatra.comm.hooks import TensorDraws, _average_payloads, _compress, _keys
 from vatra.comm.overlap import run_bucket
 from vatra.comm.ring import exchange
@@ -194,10 +194,8 @@ def compressed_average(
 
 def _int8_sum(state: "Adam1BitState", large: list[tuple[int, torch.Tensor]]) -> None:
     """Summable payloads (random-k's values at the indices every rank drew) all-reduced as int8 with
-    one scale per tensor that every rank shares: the sum over ranks of their largest |value|,
-    over 127 − W. Rounded to the nearest, rank i's |q| ≤ (127 − W)·amaxᵢ/Σamax + ½, so the W
-    summed int8 never pass 127 and the sum is exact; each rank's error feedback keeps its own
-    rounding. One extra all-reduce of a float per tensor."""
+    one scale per tensor that every rank shares (:func:`int8_sum_`); each rank's error feedback
+    keeps its own rounding. Values whose maxima are not finite are summed in fp32 instead."""
     comp, world, draws = state.compressor, state.topology.world_size, state.draws
     assert draws is not None, "int8 sums are for shared random-k draws"
     xs, values, ctxs = [], [], []
@@ -208,15 +206,15 @@ def _int8_sum(state: "Adam1BitState", large: list[tuple[int, torch.Tensor]]) -> 
         xs.append(x)
         values.append(v.float())
         ctxs.append(ctx)
-    total = torch.stack([v.abs().amax() for v in values])  # (T,)
-    state.sum_topology.all_reduce_(total)
-    scales = total.clamp_min(torch.finfo(torch.float32).tiny).div_(127 - world).tolist()
-    qs = [torch.round(v / s).to(torch.int8) for v, s in zip(values, scales, strict=True)]
-    for (key, _), x, q, s, ctx in zip(large, xs, qs, scales, ctxs, strict=True):
-        state.memory.update(x, key, comp.decompress([q.float() * s], ctx))
-    all_reduce_coalesced_(qs, state.sum_topology, state.bucket_bytes)
-    for (_, g), q, s, ctx in zip(large, qs, scales, ctxs, strict=True):
-        g.copy_(comp.decompress([q.float() * (s / world)], ctx))
+    done = int8_sum_(values, [None] * len(values), state.sum_topology, state.bucket_bytes)
+    if done is None:
+        sent, summed = values, [v.clone() for v in values]
+        all_reduce_coalesced_(summed, state.sum_topology, state.bucket_bytes)
+    else:
+        sent, summed = done
+    for (key, g), x, s, total, ctx in zip(large, xs, sent, summed, ctxs, strict=True):
+        state.memory.update(x, key, comp.decompress([s], ctx))
+        g.copy_(comp.decompress([total.div_(world)], ctx))
 
 
 def _swap(

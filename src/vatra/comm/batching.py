@@ -51,6 +51,41 @@ def all_reduce_coalesced_(tensors: list[torch.Tensor], topology: Topology, bucke
     coalesced_(tensors, topology.all_reduce_, bucket_bytes)
 
 
+# int8 sums (:func:`int8_sum_`) serve up to this many ranks: a rank's share of the 127 levels falls as
+# (127 − W)/W; callers send fp16 above it
+INT8_SUM_WORLD = 8
+
+
+def int8_sum_(
+    xs: list[torch.Tensor], dims: list[int | None], topology: Topology, bucket_bytes: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """Sum fp32 tensors across ranks as int8, under scales every rank shares.
+
+    Each tensor has one scale (``dims[i]`` None) or one per slice along ``dims[i]`` (the maximum is
+    taken over that dimension): the sum over ranks of their largest |value| there, over 127 − W.
+    Rounded to the nearest, rank i's |q| ≤ (127 − W)·amaxᵢ/Σamax + ½, so the W summed int8 never pass
+    127 and the sum is exact (partial sums too, so any topology may add them). Costs one all-reduce
+    of the maxima (fp32) before the int8 one. Returns what this rank sent (q·s, for its error
+    feedback) and the sums, in fp32; None where a maximum is not finite: every rank sees the same
+    summed maxima, so every rank returns None and none waits alone.
+    """
+    world = topology.world_size
+    amax = [
+        x.abs().amax() if d is None else x.abs().amax(dim=d, keepdim=True)
+        for x, d in zip(xs, dims, strict=True)
+    ]
+    total = torch.cat([a.reshape(-1) for a in amax])
+    topology.all_reduce_(total)
+    if not bool(torch.isfinite(total).all()):
+        return None
+    total = total.clamp_min_(torch.finfo(torch.float32).tiny).div_(127 - world)
+    scales = [s.view_as(a) for s, a in zip(total.split([a.numel() for a in amax]), amax, strict=True)]
+    qs = [torch.round(x / s).to(torch.int8) for x, s in zip(xs, scales, strict=True)]
+    sent = [q.float().mul_(s) for q, s in zip(qs, scales, strict=True)]
+    all_reduce_coalesced_(qs, topology, bucket_bytes)
+    return sent, [q.float().mul_(s) for q, s in zip(qs, scales, strict=True)]
+
+
 def all_gather_coalesced(
     tensors: list[torch.Tensor], topology: Topology, bucket_bytes: int
 ) -> list[list[torch.Tensor]]:

@@ -6,9 +6,13 @@ through future callbacks, and keys its state by bucket, so it must send its firs
 while DDP rebuilds its buckets. Here state is keyed by parameter (compressed from step 0), each
 bucket's hook call only computes its matrices' P = M·Q (on the hook's worker thread, while backward
 goes on), and the last bucket of the step runs the exchange for all of them: one all-reduce of every
-P (and the uncompressed tensors), one of every Q. Factors travel in ``comm.factor_dtype`` (fp16 by
-default); they are orthogonalised and applied in fp32. On CPU the step is bound by passes over the
-gradient more than by the link, so error feedback works in place and M̂ is written into the bucket.
+P and the uncompressed tensors, one of every Q. Factors travel in ``comm.factor_dtype`` (fp16 by
+default, or int8 under scales every rank shares: half the bytes again, one small all-reduce of the
+scales more per phase); they are orthogonalised and applied in fp32. The uncompressed tensors
+(biases, small matrices) travel in the same dtype beside P, with error feedback of their own (in fp32
+they are sent as they are): one message less a step, which on a CPU shared by several ranks is time
+every rank waits. On CPU the step is bound by passes over the gradient more than by the link, so
+error feedback works in place and M̂ is written into the bucket.
 
 Per matrix M (the gradient plus its error-feedback residual, viewed as n × m) and step:
 P = M·Q, all-reduce P (mean), P̂ = orth(P), Q = Mᵀ·P̂, all-reduce Q (mean), M̂ = P̂·Qᵀ, residual
@@ -18,13 +22,13 @@ M − M̂, and Q is kept as the next step's start. Every rank starts Q from the 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real objects.
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from vatra.comm.batching import all_reduce_coalesced_
+from vatra.comm.batching import all_reduce_coalesced_, int8_sum_
 from vatra.comm.memory import Memory
 from vatra.comm.overlap import BucketWorker, run_bucket
 from vatra.comm.topology import ByteCounter, Topology
@@ -79,7 +83,8 @@ class _Bucket:
     done: "torch.futures.Future[torch.Tensor]" = field(default_factory=torch.futures.Future)
     # (key, compensated matrix (n, m) in the residual's buffer, its P = M·Q (n, r), the gradient)
     matrices: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    vectors: list[torch.Tensor] = field(default_factory=list)  # sent as they are (fp32)
+    # (key, tensor): sent as they are (fp32), or as int8 with error feedback (factor_dtype int8)
+    vectors: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
 
 @dataclass
@@ -182,7 +187,7 @@ def _project(state: LowRankState, job: _Bucket) -> None:
     """Each matrix of the bucket: M = gradient + residual, P = M·Q."""
     for key, g in zip(job.keys, job.grads, strict=True):
         if not worth_compressing(g.shape, state.rank):
-            job.vectors.append(g)
+            job.vectors.append((key, g))
             continue
         m = state.memory.compensate_(g, key).view(g.shape[0], -1)  # (n, m), the residual's buffer
         q = state.start_q(key, m.shape[1], min(m.shape[0], m.shape[1], state.rank), m)
@@ -192,22 +197,16 @@ def _project(state: LowRankState, job: _Bucket) -> None:
 def _exchange(state: LowRankState, jobs: list[_Bucket]) -> None:
     """The step's two all-reduces for every bucket's matrices, then each bucket's average."""
     world = state.topology.world_size
-    vectors = [v for j in jobs for v in j.vectors]
+    vectors = [kv for j in jobs for kv in j.vectors]
     mats = [t for j in jobs for t in j.matrices]
-    wire = [p.to(state.factor_dtype) for _, _, p, _ in mats]
-    all_reduce_coalesced_(vectors + wire, state.topology, state.bucket_bytes)
-    for v in vectors:
-        v.div_(world)
-    wire = _finite_or_fp32(state, wire, lambda: [p for _, _, p, _ in mats])
+    sums = _phase(state, vectors, [p for _, _, p, _ in mats], 0)
     # orthonormal columns spanning the summed P (the sum and the mean span the same space)
     hats = [
-        torch.linalg.qr(w.to(m.dtype), mode="reduced").Q for w, (_, m, _, _) in zip(wire, mats, strict=True)
+        torch.linalg.qr(w.to(m.dtype), mode="reduced").Q for w, (_, m, _, _) in zip(sums, mats, strict=True)
     ]
     # Qᵀ = P̂ᵀ·M, (r, m): the same product as Mᵀ·P̂ but a row-major one, several times faster than the
     # transposed product at small r on CPU
-    qts = [(h.T @ m).to(state.factor_dtype) for h, (_, m, _, _) in zip(hats, mats, strict=True)]
-    all_reduce_coalesced_(qts, state.topology, state.bucket_bytes)
-    qts = _finite_or_fp32(state, qts, lambda: [h.T @ m for h, (_, m, _, _) in zip(hats, mats, strict=True)])
+    qts = _phase(state, [], [h.T @ m for h, (_, m, _, _) in zip(hats, mats, strict=True)], 1)
     for h, qt, (key, m, _, g) in zip(hats, qts, mats, strict=True):
         mean_qt = qt.to(m.dtype).div_(world)
         torch.matmul(h, mean_qt, out=g.view(m.shape))  # M̂ = P̂·Qᵀ, straight into the bucket
@@ -217,17 +216,40 @@ def _exchange(state: LowRankState, jobs: list[_Bucket]) -> None:
         j.done.set_result(j.buffer)
 
 
-def _finite_or_fp32(
-    state: LowRankState, summed: list[torch.Tensor], exact: Callable[[], list[torch.Tensor]]
+def _phase(
+    state: LowRankState, vectors: list[tuple[int, torch.Tensor]], factors: list[torch.Tensor], dim: int
 ) -> list[torch.Tensor]:
-    """Half-precision factors whose sum overflowed (a gradient spike) are summed again in fp32.
+    """One all-reduce: the vectors (averaged in place) and the factors (fp32), whose sums it returns.
 
-    Every rank holds the same summed bits, so every rank takes the same branch and none waits alone.
-    ``exact`` gives this rank's factors in fp32 (computed again only then).
+    In fp32 the vectors travel exactly; in fp16 or int8 they travel beside the factors, each with its
+    error feedback. int8 (:func:`int8_sum_`) scales each rank-r component of a factor on its own (a
+    scale per column of P, ``dim`` 0, per row of Qᵀ, ``dim`` 1). A step whose half-precision sum or
+    int8 maxima are not finite is summed again in fp32 on every rank (every rank holds the same sums).
     """
-    if state.factor_dtype == torch.float32 or all(bool(torch.isfinite(t).all()) for t in summed):
-        return summed
-    state.fp32_resends += 1
-    resent = [t.clone() for t in exact()]
-    all_reduce_coalesced_(resent, state.topology, state.bucket_bytes)
-    return resent
+    world, dtype = state.topology.world_size, state.factor_dtype
+    exact = dtype == torch.float32
+    xs = [v if exact else state.memory.compensate(v, key) for key, v in vectors]
+    summed: list[torch.Tensor] | None = None
+    if dtype == torch.int8:
+        done = int8_sum_(
+            [*xs, *factors], [None] * len(xs) + [dim] * len(factors), state.topology, state.bucket_bytes
+        )
+        if done is not None:
+            sent, summed = done
+    elif not exact:
+        wire = [t.to(dtype) for t in (*xs, *factors)]
+        sent = [t.to(x.dtype) for t, x in zip(wire, xs, strict=False)]  # the vectors as this rank sent them
+        all_reduce_coalesced_(wire, state.topology, state.bucket_bytes)
+        if all(bool(torch.isfinite(t).all()) for t in wire):
+            summed = wire
+    if summed is None:
+        if not exact:
+            state.fp32_resends += 1
+        summed = [t.clone() for t in (*xs, *factors)]
+        all_reduce_coalesced_(summed, state.topology, state.bucket_bytes)
+        sent = list(xs)
+    for (key, v), x, s, total in zip(vectors, xs, sent, summed, strict=False):
+        if not exact:
+            state.memory.update(x, key, s)
+        v.copy_(total).div_(world)
+    return summed[len(xs) :]

@@ -42,10 +42,12 @@ class CommConfig(Section):
         "in comm.factor_dtype, on the hook's worker thread, any comm.topology, compressed from step 0) "
         "or torch's DDP hook (three all-reduces per bucket, flat topology, from step 2).",
     )
-    factor_dtype: Literal["fp32", "fp16"] = Field(
+    factor_dtype: Literal["fp32", "fp16", "int8"] = Field(
         "fp16",
-        description="powersgd_impl = 'vatra': precision of the P and Q factors on the wire (a step whose "
-        "half-precision sum overflows sends them again in fp32).",
+        description="powersgd_impl = 'vatra': precision of the P and Q factors on the wire, and of the "
+        "uncompressed tensors beside them (with error feedback unless fp32). fp16: a step whose sum "
+        "overflows sends them again in fp32. int8: one scale per rank-r component, shared by every rank "
+        "(one small all-reduce more per phase), half fp16's bytes, up to 8 ranks (fp16 above).",
     )
     error_feedback: bool = Field(True, description="Carry what compression dropped into the next step.")
     adam1bit: bool = Field(
