@@ -368,7 +368,12 @@ class DistConfig(Section):
         "auto", description="auto = nccl when CUDA is present, else gloo."
     )
     timeout_s: float = Field(300.0, gt=0.0, description="Collective timeout in seconds.")
-    bucket_cap_mb: float = Field(25.0, gt=0.0, description="DDP gradient bucket size in MB.")
+    bucket_cap_mb: float = Field(
+        25.0,
+        gt=0.0,
+        description="DDP gradient bucket size in MB (each gradient is a view into its bucket: no copy "
+        "back after the all-reduce).",
+    )
     mode: Literal["sync", "local_sgd", "diloco", "hybrid", "async"] = Field(
         "sync",
         description="sync = DDP (gradients averaged every step); local_sgd = parameters averaged every "

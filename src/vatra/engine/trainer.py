@@ -111,8 +111,14 @@ class Trainer:
         if self.dist.distributed and self.parallel is None and ddp:
             ids = [device.index] if device.type == "cuda" else None
             group = self._hybrid_group() if cfg.dist.mode == "hybrid" else None
+            # gradient_as_bucket_view: each gradient is a view into its DDP bucket, so the averaged
+            # bucket is not copied back into .grad after every step
             self.module = DDP(
-                self.trainable, device_ids=ids, bucket_cap_mb=cfg.dist.bucket_cap_mb, process_group=group
+                self.trainable,
+                device_ids=ids,
+                bucket_cap_mb=cfg.dist.bucket_cap_mb,
+                process_group=group,
+                gradient_as_bucket_view=True,
             )
         self.batches, self.sampler = train_batches(
             cfg, train, sampler, rank=self.data_rank, world=self.data_world, device=device
