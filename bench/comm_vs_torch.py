@@ -15,7 +15,8 @@ and target for every row. Rows:
 * ``vatra <method>``: only ``comm.method`` set — every other setting is the method's default recipe
   (on 2 × 2, topology ``auto`` is hierarchical: reduced inside the host, compressed between hosts);
   ``vatra <method> sync`` (pass it in ``--methods``): the same with ``comm.overlap = false``;
-  ``vatra powersgd r4``: vatra's PowerSGD at torch's rank 4 (its default is 16).
+  ``vatra powersgd r4``: vatra's PowerSGD at torch's rank 4 (its default is 16); ``vatra powersgd
+  int8``: its factors in int8 (``comm.factor_dtype``; fp16 by default).
 
 Time to target = summed step time up to the first evaluation at or above the target (evaluation
 excluded). Cross-host MB/step = what the kernel counted on the hosts' links (all headers), per host.
@@ -36,7 +37,8 @@ from vatra.launch.cluster import Cluster, ClusterSpec
 
 TORCH = {"ddp fp32": None, "torch fp16": "fp16", "torch powersgd": "powersgd", "floor": "floor"}
 VATRA = ["fp16", "bf16", "topk", "randomk", "onebit", "qsgd", "powersgd"]
-METHODS = [*TORCH, *(f"vatra {m}" for m in VATRA), "vatra powersgd r4"]  # r4: torch's rank
+# r4: torch's rank; int8: comm.factor_dtype = int8
+METHODS = [*TORCH, *(f"vatra {m}" for m in VATRA), "vatra powersgd r4", "vatra powersgd int8"]
 SYNC = [f"vatra {m} sync" for m in VATRA]  # the same with comm.overlap = false: what overlap buys
 LAYOUTS = {"4x1": (4, 1), "2x2": (2, 2)}
 
@@ -48,9 +50,11 @@ def run_sets(name: str) -> tuple[list[str], str | None]:
         # flat: on several hosts of several processes topology auto is vatra's hierarchical
         # all-reduce, which is a hook of its own (torch's could not be registered beside it)
         return ["comm.method=none", "comm.topology=flat", *single], TORCH[name]
-    method = name.removeprefix("vatra ").removesuffix(" sync").removesuffix(" r4")
+    method = name.removeprefix("vatra ").removesuffix(" sync").removesuffix(" r4").removesuffix(" int8")
     extra = ["comm.overlap=false"] if name.endswith(" sync") else []
-    return [f"comm.method={method}", *extra, *(["comm.rank=4"] if name.endswith(" r4") else [])], None
+    extra += ["comm.rank=4"] if name.endswith(" r4") else []
+    extra += ["comm.factor_dtype=int8"] if name.endswith(" int8") else []
+    return [f"comm.method={method}", *extra], None
 
 
 def table(rows: list[dict[str, Any]], where: str, target: float) -> None:
