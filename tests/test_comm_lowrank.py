@@ -17,11 +17,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from vatra.comm.batching import int8_sum_
-from vatra.comm.lowrank import LowRankMemory, LowRankState, lowrank_hook, worth_compressing
+from vatra.comm.lowrank import LowRankMemory, LowRankState, _pipeline_groups, lowrank_hook, worth_compressing
 from vatra.comm.topology import FlatTopology
 
 WORLD = 2
 RANK = 2
+SHAPES = [(5, 30), (30, 40), (40, 12)]  # the compressed weights of _model, in DDP's bucket order
 STEPS = 3
 CASES = [
     ("fp32", False, torch.float32, 1.0),
@@ -158,12 +159,15 @@ def test_vatra_powersgd_equals_powersgd_from_both_ranks_gradients(tmp_path: Path
     # the same fp32 arithmetic up to the order of the all-reduce's sums
     assert r["fp32"] < 1e-5 and r["fp32-overlap"] < 1e-5 and r["fp16-overflow"] < 1e-5, r
     assert 1e-5 < r["fp16"] < 1e-2, r  # half-precision factors: rounded, not wrong
-    assert r["resends/fp16"] == r["resends/fp32"] == 0 and r["resends/fp16-overflow"] == 2 * STEPS, (
-        r
-    )  # P and Q
-    # one all-reduce a step for P and the vectors (which travel beside P in fp16, with error
-    # feedback), one for Q; int8 adds one of the maxima before each
-    assert r["messages/fp32"] == r["messages/fp16"] == 1 + 2 * STEPS, r
+    assert r["resends/fp16"] == r["resends/fp32"] == 0, r
+    # on gloo's group the exchange is pipelined: each phase one message per group of matrices (the
+    # vectors travel with the first, in fp16 with error feedback), every message resent once when
+    # its half-precision sum overflows; int8 is not pipelined: one message for P and the vectors,
+    # one for Q, and one of the maxima before each
+    mats = [(0, torch.empty(n, m), torch.empty(n, RANK), torch.empty(0)) for n, m in SHAPES]
+    groups = len(_pipeline_groups(mats))
+    assert groups == 2 and r["messages/fp32"] == r["messages/fp16"] == 1 + 2 * groups * STEPS, r
+    assert r["resends/fp16-overflow"] == 2 * groups * STEPS, r
     # int8 factors, one scale per component: PowerSGD's average to a few per cent of each tensor's
     # largest entry, whatever the gradients' size (a loss scaled by 10⁵ is no overflow for int8)
     assert 1e-3 < r["int8"] < 0.1 and 1e-3 < r["int8-large"] < 0.1, r

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from vatra.comm.batching import all_reduce_coalesced_, int8_sum_
 from vatra.comm.memory import Memory
 from vatra.comm.overlap import BucketWorker, run_bucket
-from vatra.comm.topology import ByteCounter, Topology
+from vatra.comm.topology import ByteCounter, FlatTopology, Topology
 
 MIN_COMPRESSION_RATE = 2.0  # as torch's hook: compress a matrix only if P and Q are ≤ half its size
 
@@ -199,6 +199,12 @@ def _exchange(state: LowRankState, jobs: list[_Bucket]) -> None:
     world = state.topology.world_size
     vectors = [kv for j in jobs for kv in j.vectors]
     mats = [t for j in jobs for t in j.matrices]
+    pipelined = isinstance(state.topology, FlatTopology) and state.factor_dtype != torch.int8 and world > 1
+    if pipelined and len(mats) > 1:
+        _exchange_pipelined(state, vectors, mats)
+        for j in jobs[:-1]:
+            j.done.set_result(j.buffer)
+        return
     sums = _phase(state, vectors, [p for _, _, p, _ in mats], 0)
     # orthonormal columns spanning the summed P (the sum and the mean span the same space)
     hats = [
@@ -253,3 +259,95 @@ def _phase(
             state.memory.update(x, key, s)
         v.copy_(total).div_(world)
     return summed[len(xs) :]
+
+
+PIPELINE_GROUPS = 4  # at most this many messages per phase when the exchange is pipelined
+
+
+def _pipeline_groups(mats: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]) -> list[list[int]]:
+    """The matrices cut, in order, into up to ``PIPELINE_GROUPS`` runs of about equal P + Q size."""
+    sizes = [p.numel() + m.shape[1] * p.shape[1] for _, m, p, _ in mats]
+    target = sum(sizes) / PIPELINE_GROUPS
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i, n in enumerate(sizes):
+        if groups[-1] and size >= target:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    return groups
+
+
+@dataclass
+class _Message:
+    """One asynchronous all-reduce of ``parts`` (fp32), sent in the state's factor dtype."""
+
+    parts: list[torch.Tensor]
+    flat: torch.Tensor
+    work: "dist.Work | None"
+
+
+def _post(state: LowRankState, parts: list[torch.Tensor]) -> _Message:
+    flat = torch.cat([t.reshape(-1) for t in parts]).to(state.factor_dtype)
+    w = state.topology.world_size
+    state.counter.add(2 * (w - 1) * flat.numel() * flat.element_size() // w)  # gloo's ring volume
+    return _Message(parts, flat, dist.all_reduce(flat, async_op=True))
+
+
+def _collect(state: LowRankState, msg: _Message) -> tuple[list[torch.Tensor], bool]:
+    """The message's sums (fp32), and whether they were summed again in fp32 because the
+    half-precision sum was not finite: every rank holds the same summed bits, so every rank takes the
+    same branch, in the same order."""
+    assert msg.work is not None
+    msg.work.wait()
+    flat = msg.flat.float()
+    resent = state.factor_dtype != torch.float32 and not bool(torch.isfinite(flat).all())
+    if resent:
+        state.fp32_resends += 1
+        flat = torch.cat([t.reshape(-1) for t in msg.parts])
+        state.topology.all_reduce_(flat)
+    parts = flat.split([t.numel() for t in msg.parts])
+    return [part.view_as(t) for part, t in zip(parts, msg.parts, strict=True)], resent
+
+
+def _exchange_pipelined(
+    state: LowRankState,
+    vectors: list[tuple[int, torch.Tensor]],
+    mats: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> None:
+    """The exchange of :func:`_exchange` with each phase cut into a few asynchronous all-reduces
+    (:func:`_pipeline_groups`; the vectors travel with the first): a group's Q is computed while the
+    next groups' P are on the wire, and a group's M̂ while the next groups' Q are. The same sums and
+    the same arithmetic; on gloo's default group only (the other topologies are synchronous)."""
+    world, dtype = state.topology.world_size, state.factor_dtype
+    exact = dtype == torch.float32
+    xs = [v if exact else state.memory.compensate(v, key) for key, v in vectors]
+    sent = [x if exact else x.to(dtype).float() for x in xs]  # the vectors as this rank sends them
+    groups = _pipeline_groups(mats)
+    p_msgs = [
+        _post(state, (xs if g == 0 else []) + [mats[i][2] for i in idx]) for g, idx in enumerate(groups)
+    ]
+    hats: dict[int, torch.Tensor] = {}
+    q_msgs = []
+    for g, (idx, msg) in enumerate(zip(groups, p_msgs, strict=True)):
+        sums, resent = _collect(state, msg)
+        if g == 0:
+            for (key, v), x, s, total in zip(vectors, xs, sent, sums, strict=False):
+                if not exact:
+                    state.memory.update(x, key, x if resent else s)
+                v.copy_(total).div_(world)
+            sums = sums[len(xs) :]
+        qts = []
+        for i, w in zip(idx, sums, strict=True):
+            m = mats[i][1]
+            hats[i] = torch.linalg.qr(w, mode="reduced").Q
+            qts.append(hats[i].T @ m)
+        q_msgs.append(_post(state, qts))
+    for idx, msg in zip(groups, q_msgs, strict=True):
+        for i, qt in zip(idx, _collect(state, msg)[0], strict=True):
+            key, m, _, g_ = mats[i]
+            mean_qt = qt.div(world)
+            torch.matmul(hats[i], mean_qt, out=g_.view(m.shape))  # M̂ = P̂·Qᵀ, straight into the bucket
+            state.memory.settle_(key, g_)
+            state.memory.factors[key] = mean_qt.T
