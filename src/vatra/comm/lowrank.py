@@ -11,8 +11,10 @@ default, or int8 under scales every rank shares: half the bytes again, one small
 scales more per phase); they are orthogonalised and applied in fp32. The uncompressed tensors
 (biases, small matrices) travel in the same dtype beside P, with error feedback of their own (in fp32
 they are sent as they are): one message less a step, which on a CPU shared by several ranks is time
-every rank waits. On CPU the step is bound by passes over the gradient more than by the link, so
-error feedback works in place and M̂ is written into the bucket.
+every rank waits. On gloo's default group each phase is cut into a few asynchronous all-reduces of
+matrices in order (:func:`_exchange_pipelined`), so one group's work overlaps the next groups' bytes
+on the wire. On CPU the step is bound by passes over the gradient more than by the link, so error
+feedback works in place and M̂ is written into the bucket.
 
 Per matrix M (the gradient plus its error-feedback residual, viewed as n × m) and step:
 P = M·Q, all-reduce P (mean), P̂ = orth(P), Q = Mᵀ·P̂, all-reduce Q (mean), M̂ = P̂·Qᵀ, residual
