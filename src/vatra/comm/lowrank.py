@@ -85,7 +85,7 @@ class _Bucket:
     done: "torch.futures.Future[torch.Tensor]" = field(default_factory=torch.futures.Future)
     # (key, compensated matrix (n, m) in the residual's buffer, its P = M·Q (n, r), the gradient)
     matrices: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    # (key, tensor): sent as they are (fp32), or as int8 with error feedback (factor_dtype int8)
+    # (key, tensor): sent as they are in fp32, or in the factors' dtype (fp16, int8) with error feedback
     vectors: list[tuple[int, torch.Tensor]] = field(default_factory=list)
 
 
