@@ -197,68 +197,66 @@ def _project(state: LowRankState, job: _Bucket) -> None:
 
 
 def _exchange(state: LowRankState, jobs: list[_Bucket]) -> None:
-    """The step's two all-reduces for every bucket's matrices, then each bucket's average."""
-    world = state.topology.world_size
+    """The step's two phases for every bucket's matrices, then each bucket's average. On gloo's
+    default group each phase is cut into a few asynchronous all-reduces (:func:`_pipeline_groups`);
+    elsewhere, and for int8 factors, it is one all-reduce."""
     vectors = [kv for j in jobs for kv in j.vectors]
     mats = [t for j in jobs for t in j.matrices]
-    pipelined = isinstance(state.topology, FlatTopology) and state.factor_dtype != torch.int8 and world > 1
-    if pipelined and len(mats) > 1:
-        _exchange_pipelined(state, vectors, mats)
-        for j in jobs[:-1]:
-            j.done.set_result(j.buffer)
-        return
-    sums = _phase(state, vectors, [p for _, _, p, _ in mats], 0)
-    # orthonormal columns spanning the summed P (the sum and the mean span the same space)
-    hats = [
-        torch.linalg.qr(w.to(m.dtype), mode="reduced").Q for w, (_, m, _, _) in zip(sums, mats, strict=True)
-    ]
-    # Qᵀ = P̂ᵀ·M, (r, m): the same product as Mᵀ·P̂ but a row-major one, several times faster than the
-    # transposed product at small r on CPU
-    qts = _phase(state, [], [h.T @ m for h, (_, m, _, _) in zip(hats, mats, strict=True)], 1)
-    for h, qt, (key, m, _, g) in zip(hats, qts, mats, strict=True):
-        mean_qt = qt.to(m.dtype).div_(world)
-        torch.matmul(h, mean_qt, out=g.view(m.shape))  # M̂ = P̂·Qᵀ, straight into the bucket
-        state.memory.settle_(key, g)
-        state.memory.factors[key] = mean_qt.T  # (m, r), the next step's start
+    if state.factor_dtype == torch.int8:
+        _exchange_int8(state, vectors, mats)
+    else:
+        pipelined = isinstance(state.topology, FlatTopology) and state.topology.world_size > 1
+        groups = _pipeline_groups(mats) if pipelined else [list(range(len(mats)))]
+        _exchange_groups(state, vectors, mats, groups, pipelined)
     for j in jobs[:-1]:
         j.done.set_result(j.buffer)
 
 
-def _phase(
+def _settle(
+    state: LowRankState, key: int, m: torch.Tensor, g: torch.Tensor, h: torch.Tensor, qt: torch.Tensor
+) -> None:
+    """From P̂ and the summed Qᵀ: M̂ = P̂·Q̄ᵀ straight into the bucket, the residual M − M̂, and Q̄ kept
+    as the next step's start."""
+    mean_qt = qt.to(m.dtype).div_(state.topology.world_size)
+    torch.matmul(h, mean_qt, out=g.view(m.shape))
+    state.memory.settle_(key, g)
+    state.memory.factors[key] = mean_qt.T  # (m, r)
+
+
+def _exchange_int8(
+    state: LowRankState,
+    vectors: list[tuple[int, torch.Tensor]],
+    mats: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> None:
+    sums = _int8_phase(state, vectors, [p for _, _, p, _ in mats], 0)
+    # orthonormal columns spanning the summed P (the sum and the mean span the same space)
+    hats = [torch.linalg.qr(w, mode="reduced").Q for w in sums]
+    # Qᵀ = P̂ᵀ·M, (r, m): the same product as Mᵀ·P̂ but a row-major one, several times faster than the
+    # transposed product at small r on CPU
+    qts = _int8_phase(state, [], [h.T @ m for h, (_, m, _, _) in zip(hats, mats, strict=True)], 1)
+    for h, qt, (key, m, _, g) in zip(hats, qts, mats, strict=True):
+        _settle(state, key, m, g, h, qt)
+
+
+def _int8_phase(
     state: LowRankState, vectors: list[tuple[int, torch.Tensor]], factors: list[torch.Tensor], dim: int
 ) -> list[torch.Tensor]:
-    """One all-reduce: the vectors (averaged in place) and the factors (fp32), whose sums it returns.
-
-    In fp32 the vectors travel exactly; in fp16 or int8 they travel beside the factors, each with its
-    error feedback. int8 (:func:`int8_sum_`) scales each rank-r component of a factor on its own (a
-    scale per column of P, ``dim`` 0, per row of Qᵀ, ``dim`` 1). A step whose half-precision sum or
-    int8 maxima are not finite is summed again in fp32 on every rank (every rank holds the same sums).
-    """
-    world, dtype = state.topology.world_size, state.factor_dtype
-    exact = dtype == torch.float32
-    xs = [v if exact else state.memory.compensate(v, key) for key, v in vectors]
-    summed: list[torch.Tensor] | None = None
-    if dtype == torch.int8:
-        done = int8_sum_(
-            [*xs, *factors], [None] * len(xs) + [dim] * len(factors), state.topology, state.bucket_bytes
-        )
-        if done is not None:
-            sent, summed = done
-    elif not exact:
-        wire = [t.to(dtype) for t in (*xs, *factors)]
-        sent = [t.to(x.dtype) for t, x in zip(wire, xs, strict=False)]  # the vectors as this rank sent them
-        all_reduce_coalesced_(wire, state.topology, state.bucket_bytes)
-        if all(bool(torch.isfinite(t).all()) for t in wire):
-            summed = wire
-    if summed is None:
-        if not exact:
-            state.fp32_resends += 1
-        summed = [t.clone() for t in (*xs, *factors)]
+    """One int8 all-reduce (:func:`int8_sum_`): the vectors, each with its error feedback (averaged in
+    place), and the factors (fp32), one scale per rank-r component (per column of P, ``dim`` 0, per
+    row of Qᵀ, ``dim`` 1), whose sums it returns. Maxima that are not finite: summed in fp32 on
+    every rank (every rank holds the same summed maxima)."""
+    world = state.topology.world_size
+    xs = [state.memory.compensate(v, key) for key, v in vectors]
+    parts = [*xs, *factors]
+    done = int8_sum_(parts, [None] * len(xs) + [dim] * len(factors), state.topology, state.bucket_bytes)
+    if done is None:
+        state.fp32_resends += 1
+        sent, summed = xs, [t.clone() for t in parts]
         all_reduce_coalesced_(summed, state.topology, state.bucket_bytes)
-        sent = list(xs)
+    else:
+        sent, summed = done
     for (key, v), x, s, total in zip(vectors, xs, sent, summed, strict=False):
-        if not exact:
-            state.memory.update(x, key, s)
+        state.memory.update(x, key, s)
         v.copy_(total).div_(world)
     return summed[len(xs) :]
 
@@ -283,15 +281,22 @@ def _pipeline_groups(mats: list[tuple[int, torch.Tensor, torch.Tensor, torch.Ten
 
 @dataclass
 class _Message:
-    """One asynchronous all-reduce of ``parts`` (fp32), sent in the state's factor dtype."""
+    """One all-reduce of ``parts`` (fp32), sent in the state's factor dtype; ``work`` while it runs
+    asynchronously."""
 
     parts: list[torch.Tensor]
     flat: torch.Tensor
     work: "dist.Work | None"
 
 
-def _post(state: LowRankState, parts: list[torch.Tensor]) -> _Message:
+def _post(state: LowRankState, parts: list[torch.Tensor], asynchronous: bool) -> _Message:
+    """Start the sum of ``parts``: on gloo's default group asynchronously, else on the topology."""
+    if not parts:  # a phase with nothing to send (no vectors and no matrices in the group)
+        return _Message(parts, torch.empty(0), None)
     flat = torch.cat([t.reshape(-1) for t in parts]).to(state.factor_dtype)
+    if not asynchronous:
+        state.topology.all_reduce_(flat)
+        return _Message(parts, flat, None)
     w = state.topology.world_size
     state.counter.add(2 * (w - 1) * flat.numel() * flat.element_size() // w)  # gloo's ring volume
     return _Message(parts, flat, dist.all_reduce(flat, async_op=True))
@@ -301,34 +306,36 @@ def _collect(state: LowRankState, msg: _Message) -> tuple[list[torch.Tensor], bo
     """The message's sums (fp32), and whether they were summed again in fp32 because the
     half-precision sum was not finite: every rank holds the same summed bits, so every rank takes the
     same branch, in the same order."""
-    assert msg.work is not None
-    msg.work.wait()
+    if msg.work is not None:
+        msg.work.wait()
     flat = msg.flat.float()
     resent = state.factor_dtype != torch.float32 and not bool(torch.isfinite(flat).all())
     if resent:
         state.fp32_resends += 1
         flat = torch.cat([t.reshape(-1) for t in msg.parts])
         state.topology.all_reduce_(flat)
-    parts = flat.split([t.numel() for t in msg.parts])
-    return [part.view_as(t) for part, t in zip(parts, msg.parts, strict=True)], resent
+    sums = flat.split([t.numel() for t in msg.parts]) if msg.parts else ()
+    return [part.view_as(t) for part, t in zip(sums, msg.parts, strict=True)], resent
 
 
-def _exchange_pipelined(
+def _exchange_groups(
     state: LowRankState,
     vectors: list[tuple[int, torch.Tensor]],
     mats: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]],
+    groups: list[list[int]],
+    asynchronous: bool,
 ) -> None:
-    """The exchange of :func:`_exchange` with each phase cut into a few asynchronous all-reduces
-    (:func:`_pipeline_groups`; the vectors travel with the first): a group's Q is computed while the
-    next groups' P are on the wire, and a group's M̂ while the next groups' Q are. The same sums and
-    the same arithmetic; on gloo's default group only (the other topologies are synchronous)."""
+    """The exchange in fp32 or fp16, one message per group of matrices and phase (the vectors travel
+    with the first; in fp16 with error feedback of their own). Asynchronous, a group's Q is computed
+    while the next groups' P are on the wire, and a group's M̂ while the next groups' Q are: the same
+    sums and the same arithmetic."""
     world, dtype = state.topology.world_size, state.factor_dtype
     exact = dtype == torch.float32
     xs = [v if exact else state.memory.compensate(v, key) for key, v in vectors]
     sent = [x if exact else x.to(dtype).float() for x in xs]  # the vectors as this rank sends them
-    groups = _pipeline_groups(mats)
     p_msgs = [
-        _post(state, (xs if g == 0 else []) + [mats[i][2] for i in idx]) for g, idx in enumerate(groups)
+        _post(state, (xs if g == 0 else []) + [mats[i][2] for i in idx], asynchronous)
+        for g, idx in enumerate(groups)
     ]
     hats: dict[int, torch.Tensor] = {}
     q_msgs = []
@@ -340,16 +347,12 @@ def _exchange_pipelined(
                     state.memory.update(x, key, x if resent else s)
                 v.copy_(total).div_(world)
             sums = sums[len(xs) :]
-        qts = []
         for i, w in zip(idx, sums, strict=True):
-            m = mats[i][1]
-            hats[i] = torch.linalg.qr(w, mode="reduced").Q
-            qts.append(hats[i].T @ m)
-        q_msgs.append(_post(state, qts))
+            hats[i] = torch.linalg.qr(w, mode="reduced").Q  # orthonormal columns spanning the summed P
+        # Qᵀ = P̂ᵀ·M, (r, m): the same product as Mᵀ·P̂ but a row-major one, several times faster than
+        # the transposed product at small r on CPU
+        q_msgs.append(_post(state, [hats[i].T @ mats[i][1] for i in idx], asynchronous))
     for idx, msg in zip(groups, q_msgs, strict=True):
         for i, qt in zip(idx, _collect(state, msg)[0], strict=True):
             key, m, _, g_ = mats[i]
-            mean_qt = qt.div(world)
-            torch.matmul(hats[i], mean_qt, out=g_.view(m.shape))  # M̂ = P̂·Qᵀ, straight into the bucket
-            state.memory.settle_(key, g_)
-            state.memory.factors[key] = mean_qt.T
+            _settle(state, key, m, g_, hats[i], qt)
