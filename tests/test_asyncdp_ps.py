@@ -161,8 +161,14 @@ def _finish(proc: subprocess.Popen[str], run: Path, timeout: float) -> str:
     try:
         return proc.communicate(timeout=timeout)[1]
     except subprocess.TimeoutExpired:
-        proc.kill()
-        err = proc.communicate()[1]
+        # SIGTERM: the launcher stops its workers (they run in sessions of their own, so a SIGKILL of
+        # the launcher alone leaves them running, holding its pipes open)
+        proc.terminate()
+        try:
+            err = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = ""
         seen = (run / "events.jsonl").read_text()[-3000:] if (run / "events.jsonl").exists() else ""
         pytest.fail(f"{run.name} run hung; events:\n{seen}\nstderr:\n{err[-2000:]}")
 
@@ -179,7 +185,9 @@ def test_a_killed_worker_or_server_comes_back_while_the_others_go_on(tmp_path: P
     hit_server = _start(server_run, "chaos.kill_rank=2", "chaos.kill_at_steps=[25]")
     try:
         werr = _finish(hit_worker, worker_run, 480)
-        serr = _finish(hit_server, server_run, 60)
+        # the server run may meet the re-pairing race of a restarted server (src/vatra/asyncdp/ps/
+        # link.py, open): each side then waits out dist.timeout_s (120 s) before all restart and resume
+        serr = _finish(hit_server, server_run, 300)
     finally:
         for proc in (hit_worker, hit_server):
             if proc.poll() is None:
