@@ -184,6 +184,20 @@ def test_killed_study_resumes_without_duplicate_trials(
     assert sum(t["state"] in ("COMPLETE", "PRUNED") for t in trials.values()) == 2
 
 
+def finished_in(folder: Path) -> int:
+    """How many trials the study in ``folder``'s journal holds as COMPLETE or PRUNED (read only)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if not (folder / "journal.log").is_file():
+        return 0
+    storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
+    if not storage.get_all_studies():
+        return 0
+    trials = optuna.load_study(study_name="st", storage=storage).get_trials(deepcopy=False)
+    return sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+
+
 @pytest.mark.slow(69)
 def test_ctrl_c_says_what_finished_and_the_same_command_resumes_counting_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -195,9 +209,10 @@ def test_ctrl_c_says_what_finished_and_the_same_command_resumes_counting_on(
     folder = tmp_path / "runs" / "st"
     proc = start_vatra("tune", str(path), "--set", "train.steps=100", new_session=True)
 
-    # Execute: Ctrl-C (SIGINT to the terminal's process group) once a trial has finished
+    # Execute: Ctrl-C (SIGINT to the terminal's process group) once the study holds a finished
+    # trial (a trial's summary.json comes before its worker tells the study, so it is not enough)
     deadline = time.time() + 120
-    while not (folder / "trial-0" / "summary.json").is_file():
+    while not finished_in(folder):
         assert proc.poll() is None and time.time() < deadline, "the study ended before its Ctrl-C"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
