@@ -232,6 +232,14 @@ def test_user_compressor_runs_in_the_comm_plugin_with_error_feedback(
         assert torch.count_nonzero(weight_grad[8:]) == 0 and torch.count_nonzero(weight_grad[:8]) == 8
         assert metrics["comm_residual_norm"] > 0.0
         assert set(plugin.state_dict()["residuals"]) == {"weight", "bias"}
+
+        # ... and a step between run.log_every's (10) takes no norm: a pass over every residual
+        trainer.state.step = 1
+        plugin.on_step_start(trainer)
+        trainer.module(x).square().sum().backward()
+        between: dict[str, float] = {}
+        plugin.on_step_end(trainer, between)
+        assert "comm_residual_norm" not in between and "comm_time_s" in between
     finally:
         end_group()
 
