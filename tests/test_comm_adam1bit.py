@@ -212,9 +212,21 @@ class _Compare(Plugin):
             # A bias's uᵢ travels in fp16, where a last-bit difference upstream can round one value
             # to its neighbouring half once: lr·ulp(u)/2, up to ~3e-5 (2.5e-6 seen)
             small = p.numel() < MIN_NUMEL
+            got, want = p.detach(), self.ref.x[name]
+            if self.ref.t > FREEZE:
+                # an element no gradient reached in the warm-up (a blank digits pixel) has v̂ = 0, so
+                # uᵢ = β₁m/ε turns m's rounding (~1e-10) into ± the bound: its sign, and so its step,
+                # is a rounding of nothing, which the two implementations take differently on some
+                # CPUs (AMD EPYC: 30 such elements of one row, a step's size apart). Every element a
+                # gradient reached in the warm-up is compared: 79 % of the first layer's weights (the
+                # digits' blank pixels, 2 hidden units that never fire), 94 % of its bias and of the
+                # head's weights
+                live = self.ref.v[name] > 0
+                assert int(live.sum()) >= 0.75 * live.numel(), f"{name}: {int(live.sum())} elements live"
+                got, want = got[live], want[live]
             torch.testing.assert_close(
-                p.detach(),
-                self.ref.x[name],
+                got,
+                want,
                 rtol=1e-5,
                 atol=5e-5 if small else 1e-6,
                 msg=lambda m, name=name: f"{self.cfg.comm.method} step {self.ref.t}, {name}: {m}",
