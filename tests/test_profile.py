@@ -36,6 +36,11 @@ def _in_process(config: Path) -> Any:
     return measure
 
 
+def _wait_s(measured: dict[str, Any]) -> float:
+    """A profile's (or a tried fix's) mean data wait a step, in seconds."""
+    return float(measured["mean"]["data_wait"] * measured["step_s"])
+
+
 @pytest.mark.slow(20)  # three short runs: as written and the two candidate fixes
 def test_a_slow_loader_is_named_data_bound_and_the_fix_cuts_the_data_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -65,12 +70,12 @@ def test_a_slow_loader_is_named_data_bound_and_the_fix_cuts_the_data_wait(
     assert candidates[0]["data.prefetch"] >= 2 and candidates[1]["data.prefetch_factor"] == 4
     fix = report["fix"]
     assert [t["overrides"] for t in fix["tried"]] == candidates
-    # the kept fix (the shortest step) reduces the data-wait share; the better reader halves it
-    kept, was = fix["tried"][fix["kept"]], fix["before"]["mean"]["data_wait"]
-    assert kept["mean"]["data_wait"] < 0.8 * was and kept["step_s"] < fix["before"]["step_s"], format_report(
-        report
-    )
-    assert min(t["mean"]["data_wait"] for t in fix["tried"]) < 0.5 * was, format_report(report)
+    # the kept fix (the shortest step) cuts the data wait a step; the better reader halves it. In
+    # seconds, not as a share: a fix that makes the whole step 4x shorter can leave the wait's share
+    # near half on a loaded machine (76 % of 19.3 ms before, 50 % of 4.4 ms after, seen under -n 4)
+    kept, was = fix["tried"][fix["kept"]], _wait_s(fix["before"])
+    assert _wait_s(kept) < 0.8 * was and kept["step_s"] < fix["before"]["step_s"], format_report(report)
+    assert min(_wait_s(t) for t in fix["tried"]) < 0.5 * was, format_report(report)
     assert fix["command"].startswith("vatra train ") and "--set data." in fix["command"]
     # the engine's own clocks agree that the wait is the data's
     engine = report["engine"]
