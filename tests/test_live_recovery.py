@@ -96,6 +96,54 @@ def test_a_killed_group_heals_from_the_survivor_which_keeps_its_process(tmp_path
     assert saved[:4] == [100, 200, 300, 400]
 
 
+class _Quorums:
+    """What LiveSync reads of torchft's Manager: the quorum's size and id (a new id when its members
+    change)."""
+
+    def __init__(self) -> None:
+        self.size, self._quorum_id, self._min_replica_size = 2, 0, 1
+
+    def start_quorum(self) -> None:
+        pass
+
+    def num_participants(self) -> int:
+        return self.size
+
+
+def test_a_peer_replaced_between_two_quorums_is_a_change_though_the_count_holds() -> None:
+    from vatra.config import ResilienceConfig
+    from vatra.live.sync import LiveSync
+
+    # Prepare: the survivor of 2 groups, 2 committed steps in the same quorum
+    sync = LiveSync(ResilienceConfig(live=True), group=0, groups=2, lighthouse="-", attempt=0)
+    events: list[tuple[str, dict[str, Any]]] = []
+    sync.manager = quorums = _Quorums()
+    sync.trainer = SimpleNamespace(sampler=None, log_event=lambda kind, **f: events.append((kind, f)))
+
+    def step() -> None:
+        sync.attempt_start = time.perf_counter()
+        sync.begin()
+        sync.end(True, 0.01)
+
+    step()
+    step()
+    # Execute: group 1 dies and its restart is in the next quorum (seen in a CI run: the survivor was
+    # saving its checkpoint meanwhile), then it dies for good
+    quorums._quorum_id = 1
+    step()
+    step()
+    quorums._quorum_id, quorums.size = 2, 1
+    step()
+
+    # Assert: one change each, the first with the count unchanged
+    changes = [f for kind, f in events if kind == "quorum_changed"]
+    assert [(f["cause"], f["replicas"], f["previous"]) for f in changes] == [
+        ("peer_replaced", 2, 2),
+        ("peer_lost", 1, 2),
+    ]
+    assert all(0.0 <= f["stall_s"] < 1.0 for f in changes)
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [

@@ -60,6 +60,7 @@ class LiveSync(Plugin):
         self.store: Any = None
         self.trainer: Trainer | None = None
         self.participants = 0
+        self.quorum_id = -1  # torchft's id of the latest quorum: a new one when its members change
         self.retries = 0  # steps tried again after a failed commit (this process)
         self.samples_skipped = 0  # samples of this group's shard never read (steps it missed)
         self.step_times: list[float] = []
@@ -197,10 +198,14 @@ class LiveSync(Plugin):
         t = self._trainer()
         self.manager.start_quorum()
         now = self.manager.num_participants()
-        if self.committed and now != self.participants:  # before the first step: start-up
-            self.stall_cause = self.stall_cause or ("peer_lost" if now < self.participants else "peer_joined")
+        # torchft's quorum id changes with the members: a peer that died and came back between two of
+        # this group's quorums (while it saved a checkpoint, say) leaves the count as it was
+        quorum = self.manager._quorum_id
+        if self.committed and (now != self.participants or quorum != self.quorum_id):  # else start-up
+            cause = "peer_lost" if now < self.participants else "peer_joined"
+            self.stall_cause = self.stall_cause or (cause if now != self.participants else "peer_replaced")
             self.stall_from = self.stall_from or self.attempt_start
-        self.previous, self.participants = self.participants, now
+        self.previous, self.participants, self.quorum_id = self.participants, now, quorum
         seek(t)
 
     def end(self, committed: bool, step_time: float) -> None:
