@@ -12,7 +12,7 @@ scales more per phase); they are orthogonalised and applied in fp32. The uncompr
 (biases, small matrices) travel in the same dtype beside P, with error feedback of their own (in fp32
 they are sent as they are): one message less a step, which on a CPU shared by several ranks is time
 every rank waits. On gloo's default group each phase is cut into a few asynchronous all-reduces of
-matrices in order (:func:`_exchange_pipelined`), so one group's work overlaps the next groups' bytes
+matrices in order (:func:`_exchange_groups`), so one group's work overlaps the next groups' bytes
 on the wire. On CPU the step is bound by passes over the gradient more than by the link, so error
 feedback works in place and M̂ is written into the bucket.
 
@@ -354,5 +354,5 @@ def _exchange_groups(
         q_msgs.append(_post(state, [hats[i].T @ mats[i][1] for i in idx], asynchronous))
     for idx, msg in zip(groups, q_msgs, strict=True):
         for i, qt in zip(idx, _collect(state, msg)[0], strict=True):
-            key, m, _, g_ = mats[i]
-            _settle(state, key, m, g_, hats[i], qt)
+            key, m, _, grad = mats[i]
+            _settle(state, key, m, grad, hats[i], qt)

@@ -202,8 +202,8 @@ class LiveSync(Plugin):
         # this group's quorums (while it saved a checkpoint, say) leaves the count as it was
         quorum = self.manager._quorum_id
         if self.committed and (now != self.participants or quorum != self.quorum_id):  # else start-up
-            cause = "peer_lost" if now < self.participants else "peer_joined"
-            self.stall_cause = self.stall_cause or (cause if now != self.participants else "peer_replaced")
+            more = "peer_joined" if now > self.participants else "peer_replaced"
+            self.stall_cause = self.stall_cause or ("peer_lost" if now < self.participants else more)
             self.stall_from = self.stall_from or self.attempt_start
         self.previous, self.participants, self.quorum_id = self.participants, now, quorum
         seek(t)
